@@ -432,10 +432,14 @@ def _play(gamefile: str, expert: str, max_steps: int = 100) -> tuple[list[str], 
     return plan, bool(state["won"])
 
 
-def write_game(spec: TaskSpec, split: str, out_root: Path, index: int) -> Path:
+def write_game(
+    spec: TaskSpec, split: str, out_root: Path, index: int, handcoded: bool = True
+) -> Path:
     """Write one game folder and its expert plans; returns the folder.
 
-    Raises GameGenerationError when an expert plan does not win (the folder is removed).
+    ``handcoded=False`` skips alfworld's handcoded expert (half the cost; the folder then has
+    no ``handcoded_walkthrough``). Raises GameGenerationError when an expert plan does not
+    win (the folder is removed).
     """
     pddl_path, grammar_path, _ = _alfworld_paths()
     name = f"{spec.task_type}-{spec.object_target}-None-"
@@ -457,7 +461,9 @@ def write_game(spec: TaskSpec, split: str, out_root: Path, index: int) -> Path:
     gamefile.write_text(json.dumps(gamedata))
     try:
         planner_plan, planner_won = _play(str(gamefile), "planner")
-        handcoded_plan, handcoded_won = _play(str(gamefile), "handcoded")
+        handcoded_plan, handcoded_won = (
+            _play(str(gamefile), "handcoded") if handcoded else (None, False)
+        )
     except Exception as err:  # the engine rejected the problem: a generator bug, fail loud
         _remove(folder)
         raise GameGenerationError(f"engine rejected generated game {folder}: {err}") from err
@@ -497,8 +503,16 @@ def generate_games(
     seed: int,
     room: RoomSize | None = None,
     families: list[str] | None = None,
+    *,
+    handcoded: bool = True,
+    workers: int = 1,
+    first_index: int = 0,
 ) -> list[Path]:
-    """Write ``n`` games of ``split`` under ``out`` (families round-robin); returns folders."""
+    """Write ``n`` games of ``split`` under ``out`` (families round-robin); returns folders.
+
+    Game ``i`` depends only on (split, seed, first_index + i, room, family), so ``workers``
+    processes write exactly the games one process would. ``handcoded``: see ``write_game``.
+    """
     room = room or RoomSize()
     families = families or list(FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
@@ -508,31 +522,42 @@ def generate_games(
         )
     if n < 1:
         raise GameGenerationError(f"--n must be >= 1, got {n}")
-    pool = scene_pool(split)
-    scenes: dict[int, Scene] = {}
-    out_root = Path(out)
-    folders: list[Path] = []
-    for index in range(n):
-        family = families[index % len(families)]
-        # seen and train share scenes but never a random stream
-        rng = random.Random(f"{split}:{seed}:{index}")
-        for attempt in range(200):
-            num = rng.choice(pool)
-            scene = scenes.setdefault(num, load_scene(num))
-            key = f"{split}_{seed}_{index:05d}"
-            spec = sample_task(family, scene, split, rng, room, key)
-            if spec is None:
-                continue
-            try:
-                folders.append(write_game(spec, split, out_root, index))
-            except GameGenerationError:
-                if attempt >= 5:
-                    raise
-                continue
-            break
-        else:
-            raise GameGenerationError(f"no scene of split {split!r} can host family {family!r}")
-    return folders
+    scene_pool(split)  # fail loud on an unknown split before any work
+    jobs = [
+        (str(out), split, seed, first_index + i, room, families[i % len(families)], handcoded)
+        for i in range(n)
+    ]
+    if workers <= 1 or n < 2 * workers:
+        return [_generate_one(*job) for job in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # safe next to Ray and torch threads
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        return list(pool.map(_generate_one, *zip(*jobs, strict=True), chunksize=4))
+
+
+_SCENES: dict[int, Scene] = {}
+
+
+def _generate_one(
+    out: str, split: str, seed: int, index: int, room: RoomSize, family: str, handcoded: bool
+) -> Path:
+    """Game ``index`` of ``split``: the first sampled task whose plans win."""
+    rng = random.Random(f"{split}:{seed}:{index}")  # seen and train never share a stream
+    for attempt in range(200):
+        num = rng.choice(scene_pool(split))
+        scene = _SCENES.setdefault(num, load_scene(num))
+        key = f"{split}_{seed}_{index:05d}"
+        spec = sample_task(family, scene, split, rng, room, key)
+        if spec is None:
+            continue
+        try:
+            return write_game(spec, split, Path(out), index, handcoded)
+        except GameGenerationError:
+            if attempt >= 5:
+                raise
+    raise GameGenerationError(f"no scene of split {split!r} can host family {family!r}")
 
 
 def describe(spec: TaskSpec) -> dict[str, Any]:

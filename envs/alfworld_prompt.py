@@ -8,6 +8,12 @@ Contract the rest of the system relies on: the first user message contains exact
 that starts with ``"Your task is to: "`` followed by the goal; the hindsight skill is inserted
 right after that line by another module. The windowed prompt keeps the same line.
 
+Two styles (``prompt_style``): ``paper`` (below; the default) and ``compact``: a one-line
+system prompt, the task line, the observation and the admissible actions as a plain list
+(chat mode: in the first message only; later turns hold the observation alone), no
+instructions. Compact prompts are ~5x shorter; the tiny CPU policy of the default job uses
+them (a 0.7M-parameter model learns little from boilerplate and pays for every token of it).
+
 Two layouts:
 - chat mode: ``render_first_observation`` for the first user turn, ``render_step_observation``
   for each later turn (only the new observation and admissible actions; the chat is the
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 from envs.base import MAX_ACTION_CHARS, sanitize_action
 
@@ -137,3 +144,64 @@ def parse_action(text: str, max_chars: int = MAX_ACTION_CHARS) -> tuple[str | No
 def format_reward(reward: float, valid: bool, penalty: float = DEFAULT_INVALID_PENALTY) -> float:
     """Env reward minus ``penalty`` for a badly formatted response (default 0, as the paper)."""
     return reward - (0.0 if valid else penalty)
+
+
+# --------------------------------------------------------------------------- compact style
+
+COMPACT_SYSTEM_PROMPT = (
+    "You are a household agent. Answer with exactly one action inside <action> </action>."
+)
+
+
+def _compact_actions(admissible: Sequence[str]) -> str:
+    return "Actions: " + "; ".join(a for a in admissible if a != "help") + "."
+
+
+def render_first_compact(task: str, observation: str, admissible: Sequence[str]) -> str:
+    """First user message of the compact style: task line, observation, actions."""
+    return f"{_task_line(task)}\n{clean_observation(observation)}\n{_compact_actions(admissible)}"
+
+
+def render_step_compact(step: int, observation: str, admissible: Sequence[str]) -> str:
+    """A later user turn of the compact style (chat mode): the observation alone (the chat
+    holds the first message's actions: every place is a "go to" there)."""
+    return clean_observation(observation)
+
+
+def render_window_compact(
+    task: str,
+    history: Sequence[tuple[str, str]],
+    observation: str,
+    step: int,
+    admissible: Sequence[str],
+) -> str:
+    """Windowed compact prompt: the task line, the last k (observation, action) pairs, the
+    current observation."""
+    pairs = "".join(f"{clean_observation(o)} > {a}\n" for o, a in history)
+    return (
+        f"{_task_line(task)}\n{pairs}{clean_observation(observation)}\n"
+        f"{_compact_actions(admissible)}"
+    )
+
+
+STYLES: dict[str, SimpleNamespace] = {
+    "paper": SimpleNamespace(
+        SYSTEM_PROMPT=SYSTEM_PROMPT,
+        render_first_observation=render_first_observation,
+        render_step_observation=render_step_observation,
+        render_window_prompt=render_window_prompt,
+    ),
+    "compact": SimpleNamespace(
+        SYSTEM_PROMPT=COMPACT_SYSTEM_PROMPT,
+        render_first_observation=render_first_compact,
+        render_step_observation=render_step_compact,
+        render_window_prompt=render_window_compact,
+    ),
+}
+
+
+def prompt_style(name: str) -> SimpleNamespace:
+    """The renderers of a prompt style (``paper`` or ``compact``)."""
+    if name not in STYLES:
+        raise ValueError(f"unknown prompt style {name!r}; choose from {sorted(STYLES)}")
+    return STYLES[name]

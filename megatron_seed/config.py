@@ -73,6 +73,9 @@ class RolloutConfig:
     history_mode: Literal["full", "window"] = "full"
     history_window: int = 2
     invalid_action_penalty: float = 0.0
+    # "paper": the paper's actor prompt (Figure 11); "compact": task + observation only
+    # (envs.alfworld_prompt; the tiny CPU policy's)
+    prompt_style: Literal["paper", "compact"] = "paper"
 
 
 @dataclass(frozen=True)

@@ -1,52 +1,42 @@
 """The tiny base policy the default CPU job starts from: built here, cached on disk.
 
 SEED starts from an instruction-tuned LLM that (a) succeeds only sometimes on ALFWorld (the
-paper's untrained "Vanilla" row) and (b) changes what it does when a skill is placed in its
-context. No such model exists offline, so the project builds one: a byte-level BPE tokenizer
-and a tiny Qwen2 model trained by behaviour cloning (masked action-token NLL with the
-project's Megatron trainer) on demonstrations played in the real ALFWorld engine.
+paper's untrained "Vanilla" row), (b) changes what it does when a skill is placed in its
+context and (c) can already write a skill about an episode. No such model exists offline, so
+the project builds one: a byte-level BPE tokenizer and a tiny Qwen2 model trained by
+behaviour cloning (masked NLL with the project's Megatron trainer, ``SeedTrainer.nll_step``)
+on demonstrations played in the real ALFWorld engine.
 
 Choices (all recorded in ``manifest.json``; ``BasePolicySettings`` holds the numbers):
 
 - Games: small rooms (``RoomSize(4, 1)``: four receptacles, one distractor), the six
-  families round-robin; training games from the ``train`` split, held-out evaluation games
-  from ``seen`` (same scenes pool, a separate random stream). With ``games_dir`` (the default
-  job's folder) the games there are used first; missing ones are generated inside the build,
-  never in the shared folder.
-- Demonstrations, rendered exactly as the agent loop renders them (``SYSTEM_PROMPT``,
-  ``render_first_observation`` / ``render_step_observation``, ``ChatBuilder``, full-history
-  chat), one sequence per episode; the targets are ``<action>A</action><|im_end|>`` (no
-  ``<think>``), the only loss tokens.
-  * noisy, no hint (``noisy_per_game`` per game): at each step, with probability
-    ``mistake_prob`` (at most ``max_mistakes`` per episode), the demonstrated action is a
-    random admissible action other than the expert's; the expert then REPLANS from the
-    state reached (fast-downward ``policy_commands``, the planner alfworld's own expert
-    uses), so every demonstration still wins. The mistakes are loss tokens: the clone makes
-    them too.
-  * hinted (``hinted_per_game``): the chat with a skill stating the correct plan inserted
-    by H (``insert_skill(first_user, hint, "task_line")``), e.g. "Workflow: to heat some egg
-    and put it in countertop, go to sinkbasin 1, take egg 1 from sinkbasin 1, ..., then
-    move egg 1 to countertop 1.", and the plan followed exactly, no mistakes. Hint
-    templates vary (workflow / plain steps / avoidance rule with a fix) so that the model
-    learns to read the steps, not one sentence.
-- Why it should succeed only sometimes (the intent; see Status): the planner is omniscient (it goes straight to where
-  the object lies), a policy without the hint cannot see where the object is until it gets
-  there, so its first moves are guesses learnt as a prior; plus the cloned random mistakes.
-  With the hint it can copy the next step of the plan.
-- Tokenizer: ``build_tokenizer`` on the rendered chats and hints (vocab ``vocab_size``);
-  saved with ``save_tokenizer`` (``TokenizersBackend``). Model: Qwen2, head_dim 32 (vLLM CPU
-  supports 32/64), vocab = tokenizer length rounded up to a multiple of 4.
-- Training: one process (``spawn(fn, 1)``), fp32, ``SeedTrainer.nll_step`` with Adam, linear
-  warm-up then cosine decay, length-bucketed batches; the weights are written back as a HF
-  folder (``export_hf_weights`` + ``save_hf_checkpoint``) with the tokenizer files.
-- Measurement (``measure_base_policy``): the real ``AgentLoop`` with an in-process vLLM engine
-  (``VLLMEngine``) and in-process envs (``BatchedEnv`` of ``AlfWorldEnv``) on the held-out
-  games, without and with the correct plan as a hint; success rates go into the manifest.
-
-Status (docs/benchmarks.md, "Tiny base policy"): with the default 120 steps the clone learns
-the answer format but not the conditioning; greedy success on held-out games was 0/18 with and
-without the hint, and the build took ~16 min on the loaded 2-core machine. The targets
-(sometimes without a hint, clearly more with one; 3-5 min) are NOT met yet.
+  families round-robin. With ``games_dir`` (the default job's folder) its ``train`` games are
+  used first (the job's Stage-2 training games are among the cloned ones); the rest are
+  generated inside the build (2 processes), never in the shared folder.
+- Rendering: exactly as the agent loop renders episodes (``Rendering``: the ``compact``
+  prompt style, ``full`` history: one chat per episode, one training sequence per episode;
+  ``window`` gives one per step); the targets are ``<action>A</action><|im_end|>``.
+- Demonstrations per game:
+  * noisy, no hint (``noisy_per_game``): a searching player (``play_noisy``): until the
+    object is found it visits places in a random order, opening closed ones; afterwards it
+    follows the planner (fast-downward ``policy_commands``, replanned from the state
+    reached). With probability ``mistake_prob`` per step (at most ``max_mistakes``) the
+    action is a random admissible one or the previous action again ("Nothing happens."),
+    and the planner recovers. Every demonstration wins; the mistakes are cloned too.
+  * hinted (``hinted_per_game``): the planner's plan played exactly, with a skill stating
+    that plan inserted by H into every prompt ("Workflow: to heat some egg and put it in
+    countertop, go to sinkbasin 1, take egg 1 from sinkbasin 1, ..."). Templates vary.
+  * analysis (``analysis_per_game``): a no-hint demonstration, whole (a success) or cut
+    short (a failure: the step budget ran out), as the analyzer request of
+    ``analyzer_layout`` with the embedded analyzer's JSON answer as the target.
+- Why it succeeds only sometimes: without a hint the object's place is unknown until
+  visited and the clone samples the searcher's random order and its mistakes; a hint that
+  names the place removes the search.
+- Model: Qwen2, head_dim 32 (vLLM CPU supports 32/64), vocab = tokenizer length rounded up
+  to a multiple of 4; one process, fp32, Adam, warm-up then cosine decay, length-bucketed
+  batches; the weights are written back as a HF folder with the tokenizer files.
+- Measurement (``measure_base_policy``, optional): the real ``AgentLoop`` with an
+  in-process vLLM engine on held-out games, with and without the plan as a skill.
 
 Cache: the build writes into ``<out_dir>.partial`` and renames it to ``out_dir`` at the end,
 so ``out_dir`` is complete or absent. A rerun with the same settings returns the cached model
@@ -62,6 +52,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -70,12 +61,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envs.alfworld_env import AlfWorldEnv, expert_plan, find_games, game_family
-from envs.alfworld_games import FAMILIES, RoomSize, generate_games
-from envs.alfworld_prompt import (
-    SYSTEM_PROMPT,
-    render_first_observation,
-    render_step_observation,
-)
+from envs.alfworld_games import RoomSize, generate_games
+from envs.alfworld_prompt import prompt_style
+from megatron_seed.data import TrajectoryRecord
 from megatron_seed.data.sequences import ChatBuilder, TokenSequence, insert_skill
 
 if TYPE_CHECKING:
@@ -84,7 +72,7 @@ if TYPE_CHECKING:
 MANIFEST = "manifest.json"
 MODEL_SUBDIR = "model"
 TOKENIZER_SUBDIR = "tokenizer"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 class BasePolicyCacheError(RuntimeError):
@@ -95,15 +83,21 @@ class BasePolicyCacheError(RuntimeError):
 class BasePolicySettings:
     """Everything that decides the built model (the cache key)."""
 
-    n_train_games: int = 36
-    n_eval_games: int = 18
+    n_train_games: int = 100
+    n_eval_games: int = 0  # held-out games for ``measure`` (the default job evaluates itself)
     n_receptacles: int = 4
     n_distractors: int = 1
-    noisy_per_game: int = 3
-    hinted_per_game: int = 2
-    mistake_prob: float = 0.15
-    max_mistakes: int = 3
-    max_demo_steps: int = 14
+    prompt_style: str = "compact"
+    history_mode: str = "full"
+    history_window: int = 2
+    analyzer_layout: str = "continuation"  # needs history_mode "full"
+    noisy_per_game: int = 2
+    hinted_per_game: int = 1
+    analysis_per_game: int = 1  # analyzer examples (embedded analyzer's answers)
+    search: bool = True  # noisy demos search for the object in a random order
+    mistake_prob: float = 0.05
+    max_mistakes: int = 1
+    max_demo_steps: int = 20
     vocab_size: int = 1024
     hidden_size: int = 128
     num_layers: int = 3
@@ -111,7 +105,7 @@ class BasePolicySettings:
     num_kv_heads: int = 2
     intermediate_size: int = 256
     max_position_embeddings: int = 4096
-    train_steps: int = 120
+    train_steps: int = 600
     batch_size: int = 8
     lr: float = 3e-3
     warmup_steps: int = 10
@@ -122,17 +116,15 @@ class BasePolicySettings:
 
     @classmethod
     def for_run(cls, quick: bool, seed: int) -> BasePolicySettings:
-        """The full default, or the ``--quick`` variant (about a minute)."""
+        """The full default, or the ``--quick`` variant (about a minute and a half)."""
         if not quick:
             return cls(seed=seed)
-        return cls(
-            n_train_games=12,
-            n_eval_games=6,
-            noisy_per_game=3,
-            hinted_per_game=2,
-            train_steps=30,
-            seed=seed,
-        )
+        return cls(n_train_games=30, train_steps=150, seed=seed)
+
+    @property
+    def rendering(self) -> Rendering:
+        """How the demonstrations' user messages are rendered."""
+        return Rendering(self.prompt_style, self.history_mode, self.history_window)
 
     @property
     def head_dim(self) -> int:
@@ -148,23 +140,53 @@ class BasePolicySettings:
             raise ValueError("need at least one training game and one training step")
 
 
+@dataclass(frozen=True)
+class Rendering:
+    """How the agent loop renders user messages (``RolloutConfig``'s fields of that name)."""
+
+    prompt_style: str = "compact"
+    history_mode: str = "full"
+    history_window: int = 2
+
+
 @dataclass
 class Demo:
-    """One demonstrated episode: user messages, the actions answering them, the hint."""
+    """One demonstrated episode: what the environment said before each action, the actions,
+    and the hint (a skill inserted by H) the episode follows, if any."""
 
     game: str
     goal: str
-    users: list[str]
+    observations: list[str]  # the environment's text before each action
+    admissible: list[list[str]]  # the admissible actions before each action
     actions: list[str]
     hint: str | None = None
     mistakes: int = 0
     won: bool = False
+    final_observation: str = ""  # the environment's answer to the last action
 
-    def first_user(self) -> str:
-        """The first user message as the model sees it (with the hint inserted by H)."""
-        if self.hint is None:
-            return self.users[0]
-        return insert_skill(self.users[0], self.hint, "task_line")
+    def observe(self, observation: str, info: dict[str, Any]) -> None:
+        """Record what the environment says before the next action."""
+        self.observations.append(observation)
+        self.admissible.append(list(info["admissible_actions"]))
+
+    def user_messages(self, how: Rendering) -> list[str]:
+        """The user message before each action, exactly as the agent loop renders it
+        (window mode: one whole prompt per step), with the hint inserted by H."""
+        style = prompt_style(how.prompt_style)
+        out = []
+        for i, (obs, adm) in enumerate(zip(self.observations, self.admissible, strict=True)):
+            if i == 0:
+                text = style.render_first_observation(self.goal, obs, adm)
+            elif how.history_mode == "window":
+                pairs = list(zip(self.observations[:i], self.actions[:i], strict=True))
+                history = pairs[-how.history_window :] if how.history_window else []
+                text = style.render_window_prompt(self.goal, history, obs, i, adm)
+            else:
+                text = style.render_step_observation(i, obs, adm)
+            if self.hint is not None and (i == 0 or how.history_mode == "window"):
+                text = insert_skill(text, self.hint, "task_line")
+            out.append(text)
+        return out
 
 
 # --------------------------------------------------------------------------- games
@@ -198,15 +220,10 @@ def prepare_games(
 def _generate(
     out: Path, split: str, n: int, seed: int, room: RoomSize, progress: bool
 ) -> list[Path]:
-    from tqdm import tqdm
-
-    families = list(FAMILIES)
-    folders: list[Path] = []
-    for i in tqdm(range(n), desc=f"games ({split})", disable=not progress, leave=False):
-        # a seed range of its own: never the same game as a job's own generated ones
-        sub_seed = 7_000_000 + seed * 100_003 + i
-        folders += generate_games(out, split, 1, sub_seed, room, [families[i % len(families)]])
-    return folders
+    if progress:
+        print(f"base policy: generating {n} {split} games (2 processes)")
+    # a seed range of its own: never the same game as a job's own generated ones
+    return generate_games(out, split, n, 7_000_000 + seed, room, handcoded=False, workers=2)
 
 
 # --------------------------------------------------------------------------- demonstrations
@@ -252,29 +269,48 @@ class PlanningEnv(AlfWorldEnv):
         return info
 
 
-def _observe(demo: Demo, observation: str, info: dict[str, Any]) -> None:
-    demo.users.append(
-        render_step_observation(len(demo.actions), observation, info["admissible_actions"])
-    )
-
-
 def play_clean(env: PlanningEnv, game: Path) -> Demo:
     """The planner's plan played exactly (no hint set yet)."""
     observation, info = env.reset(game)
-    goal = info["task"]
     plan = list(info["expert_plan"]) or expert_plan(game, "planner")
-    demo = Demo(str(game), goal, [], [])
-    demo.users.append(render_first_observation(goal, observation, info["admissible_actions"]))
+    demo = Demo(str(game), info["task"], [], [], [])
+    demo.observe(observation, info)
     for action in plan:
         observation, _, done, info = env.step(action)
         demo.actions.append(action)
+        demo.final_observation = observation
         if done:
             break
-        _observe(demo, observation, info)
+        demo.observe(observation, info)
     demo.won = bool(info["won"])
     if not demo.won:
         raise RuntimeError(f"the planner's plan does not win {game}")
     return demo
+
+
+def _search_step(
+    plan: Sequence[str], observation: str, places: list[str], visited: set[str], rng: random.Random
+) -> str | None:
+    """The searcher's action before the object is found, or None to follow the plan.
+
+    The planner knows where the object lies; a player does not. Until the planner's next
+    move is to take something, a closed place just reached is opened to look inside, and
+    each "go to" is to the planner's destination with probability 1/(unvisited places), else
+    to a random other unvisited place: the object's place is found after a uniformly random
+    number of visits, as a player searching without memory of this room would.
+    """
+    if not plan or plan[0].startswith("take "):
+        return None
+    closed = re.search(r"The (.+?) is closed\.", observation)
+    if closed and not plan[0].startswith("open "):
+        return f"open {closed.group(1)}"
+    if not plan[0].startswith("go to "):
+        return None
+    target = plan[0].removeprefix("go to ")
+    others = [p for p in places if p not in visited and p != target]
+    if others and rng.random() >= 1 / (len(others) + 1):
+        return f"go to {rng.choice(others)}"
+    return None
 
 
 def play_noisy(
@@ -284,44 +320,49 @@ def play_noisy(
     mistake_prob: float,
     max_mistakes: int,
     max_steps: int,
+    search: bool = True,
 ) -> Demo | None:
-    """The planner with random mistakes, replanning from the state each mistake leaves.
+    """A searching player with random mistakes, replanning from the state reached.
 
-    At each step, with probability ``mistake_prob`` (at most ``max_mistakes`` times, and only
-    while the step budget leaves room to recover), the action is a random admissible action
-    other than the expert's. Until the first mistake the episode is the clean one, so that
-    prefix is replayed, not re-decided. None if it does not win within ``max_steps``.
+    ``search``: the object is searched for (``_search_step``) until the first "take". At each
+    step, with probability ``mistake_prob`` (at most ``max_mistakes`` times, and only while
+    the step budget leaves room to recover), the action is a random admissible action other
+    than the intended one; the planner then replans from the state the mistake leaves.
+    None if the episode does not win within ``max_steps``.
     """
-    first = next((k for k in range(len(clean.actions)) if rng.random() < mistake_prob), None)
-    if first is None or max_mistakes < 1:
-        return dataclasses.replace(clean, users=list(clean.users), actions=list(clean.actions))
     observation, info = env.reset(clean.game)
-    demo = Demo(clean.game, clean.goal, list(clean.users[: first + 1]), [])
-    for action in clean.actions[:first]:
-        observation, _, _, info = env.step(action)
-        demo.actions.append(action)
-    for step in range(first, max_steps):
+    demo = Demo(clean.game, clean.goal, [], [], [])
+    demo.observe(observation, info)
+    places = [
+        a.removeprefix("go to ") for a in info["admissible_actions"] if a.startswith("go to ")
+    ]
+    visited: set[str] = set()
+    searching = search
+    for step in range(max_steps):
         plan = info["expert_plan"]
         if not plan:
             return None
         action = plan[0]
+        if searching:
+            action = _search_step(plan, observation, places, visited, rng) or action
+            searching = not action.startswith("take ")
         others = [a for a in info["admissible_actions"] if a != action]
         room = max_steps - step > len(plan) + 2
-        forced = step == first
-        if (
-            others
-            and room
-            and demo.mistakes < max_mistakes
-            and (forced or rng.random() < mistake_prob)
-        ):
-            action = rng.choice(others)
+        if others and room and demo.mistakes < max_mistakes and rng.random() < mistake_prob:
+            # half the mistakes repeat the last action (mostly "Nothing happens."), so the
+            # clone also learns to move on after an action the environment rejected
+            repeat = demo.actions and rng.random() < 0.5
+            action = demo.actions[-1] if repeat else rng.choice(others)
             demo.mistakes += 1
+        if action.startswith("go to "):
+            visited.add(action.removeprefix("go to "))
         observation, _, done, info = env.step(action)
         demo.actions.append(action)
+        demo.final_observation = observation
         if done:
             demo.won = bool(info["won"])
             return demo if demo.won else None
-        _observe(demo, observation, info)
+        demo.observe(observation, info)
     return None
 
 
@@ -352,30 +393,57 @@ def plan_hint(goal: str, plan: Sequence[str], template: int = 0) -> str:
 def collect_demos(
     games: Sequence[Path], settings: BasePolicySettings, progress: bool = True
 ) -> list[Demo]:
-    """Noisy no-hint and clean hinted demonstrations of every game."""
+    """Noisy no-hint and clean hinted demonstrations of every game (2 processes).
+
+    Game ``i``'s demonstrations depend only on (settings, i): the result does not depend on
+    how the games are split between processes.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from tqdm import tqdm
 
-    rng = random.Random(f"demos:{settings.seed}")
-    env = PlanningEnv(max_steps=settings.max_demo_steps + 1)
+    jobs = [(str(g), i, dataclasses.asdict(settings)) for i, g in enumerate(games)]
     demos: list[Demo] = []
-    for g, game in enumerate(tqdm(games, desc="demonstrations", disable=not progress, leave=False)):
-        clean = play_clean(env, game)
-        for _ in range(settings.noisy_per_game):
-            for _attempt in range(5):
-                demo = play_noisy(
-                    env,
-                    clean,
-                    rng,
-                    settings.mistake_prob,
-                    settings.max_mistakes,
-                    settings.max_demo_steps,
-                )
-                if demo is not None:
-                    demos.append(demo)
-                    break
-        for h in range(settings.hinted_per_game):
-            hint = plan_hint(clean.goal, clean.actions, template=g + h)
-            demos.append(dataclasses.replace(clean, hint=hint))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=context) as pool:
+        results = pool.map(_game_demos, *zip(*jobs, strict=True), chunksize=4)
+        for game_demos in tqdm(
+            results, total=len(jobs), desc="demonstrations", disable=not progress, leave=False
+        ):
+            demos += game_demos
+    return demos
+
+
+_ENV: PlanningEnv | None = None
+
+
+def _game_demos(game: str, index: int, settings_dict: dict[str, Any]) -> list[Demo]:
+    """The demonstrations of one game (runs in a worker process with its own env)."""
+    global _ENV
+    settings = BasePolicySettings(**settings_dict)
+    if _ENV is None:
+        _ENV = PlanningEnv(max_steps=settings.max_demo_steps + 1)
+    rng = random.Random(f"demos:{settings.seed}:{index}")
+    clean = play_clean(_ENV, Path(game))
+    demos: list[Demo] = []
+    for _ in range(settings.noisy_per_game):
+        for _attempt in range(5):
+            demo = play_noisy(
+                _ENV,
+                clean,
+                rng,
+                settings.mistake_prob,
+                settings.max_mistakes,
+                settings.max_demo_steps,
+                settings.search,
+            )
+            if demo is not None:
+                demos.append(demo)
+                break
+    for h in range(settings.hinted_per_game):
+        hint = plan_hint(clean.goal, clean.actions, template=index + h)
+        demos.append(dataclasses.replace(clean, hint=hint))
     return demos
 
 
@@ -384,26 +452,104 @@ def action_text(action: str) -> str:
     return f"<action>{action}</action>"
 
 
-def corpus(demos: Iterable[Demo]) -> Iterable[str]:
+def corpus(demos: Iterable[Demo], how: Rendering) -> Iterable[str]:
     """Texts the tokenizer is trained on: every message as the chat holds it."""
-    yield SYSTEM_PROMPT
+    yield prompt_style(how.prompt_style).SYSTEM_PROMPT
     for demo in demos:
-        yield demo.first_user()
-        yield from demo.users[1:]
+        yield from demo.user_messages(how)
         yield from (action_text(a) for a in demo.actions)
 
 
-def demo_sequence(demo: Demo, tokenizer: PreTrainedTokenizerFast) -> TokenSequence:
-    """The chat token ids of a demonstration; loss tokens = the action ids + <|im_end|>."""
-    chat = ChatBuilder(tokenizer, SYSTEM_PROMPT)
-    chat.prompt_ids(demo.first_user())
+def demo_sequences(
+    demo: Demo, tokenizer: PreTrainedTokenizerFast, how: Rendering
+) -> list[TokenSequence]:
+    """The token ids of a demonstration as the trainer scores an episode (one chat in full
+    mode, one sequence per step in window mode); loss tokens = the action ids + <|im_end|>."""
+    system = prompt_style(how.prompt_style).SYSTEM_PROMPT
+    users = demo.user_messages(how)
+    window = how.history_mode == "window"
+    sequences: list[TokenSequence] = []
+    chat = ChatBuilder(tokenizer, system)
     for i, action in enumerate(demo.actions):
-        if i:
-            chat.append_user(demo.users[i])
+        if i == 0 or window:
+            chat = ChatBuilder(tokenizer, system)
+            chat.prompt_ids(users[i])
+        else:
+            chat.append_user(users[i])
         ids = tokenizer.encode(action_text(action), add_special_tokens=False)
         ids.append(chat.im_end_id)
         chat.append_action(ids, [0.0] * len(ids))
-    return chat.sequence()
+        if window or i == len(demo.actions) - 1:
+            sequences.append(chat.sequence())
+    return sequences
+
+
+def demo_record(demo: Demo, how: Rendering, cut: int | None = None) -> TrajectoryRecord:
+    """A no-hint demonstration as the agent loop records an episode; ``cut`` keeps the first
+    ``cut`` actions only (the step budget ran out: a failure). The action ids are a
+    placeholder until ``_retokenize``."""
+    from megatron_seed.data import Status, Turn
+
+    if demo.hint is not None:
+        raise ValueError("analysis examples come from episodes without a hint")
+    n = len(demo.actions) if cut is None else cut
+    users = demo.user_messages(how)
+    turns = [
+        Turn(user, action_text(action), [0], [0.0])
+        for user, action in zip(users[:n], demo.actions[:n], strict=True)
+    ]
+    won = demo.won and n == len(demo.actions)
+    final = demo.final_observation if n == len(demo.actions) else demo.observations[n]
+    return TrajectoryRecord(
+        task_id=Path(demo.game).name,
+        group_id="demo",
+        game=demo.game,
+        family=game_family(demo.game),
+        turns=turns,
+        reward=float(won),
+        won=won,
+        status=Status.OK if won else Status.MAX_STEPS,
+        history_mode=how.history_mode,  # type: ignore[arg-type]
+        system_prompt=prompt_style(how.prompt_style).SYSTEM_PROMPT,
+        meta={"goal": demo.goal, "final_observation": final},
+    )
+
+
+def _retokenize(record: TrajectoryRecord, tokenizer: PreTrainedTokenizerFast) -> TrajectoryRecord:
+    """The record with its action ids re-encoded by ``tokenizer`` (same texts)."""
+    from megatron_seed.data import Turn
+
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turns = []
+    for t in record.turns:
+        ids = [*tokenizer.encode(t.action, add_special_tokens=False), im_end]
+        turns.append(Turn(t.observation, t.action, ids, [0.0] * len(ids)))
+    return dataclasses.replace(record, turns=turns)
+
+
+def analysis_records(demos: Sequence[Demo], settings: BasePolicySettings) -> list[TrajectoryRecord]:
+    """Records of no-hint demonstrations, whole (successes) or cut short (failures), with
+    the embedded analyzer's skills: the base policy also learns to write skills, as an
+    instruction-tuned LLM can before Stage 1 sharpens it."""
+    from megatron_seed.config import SkillConfig
+    from megatron_seed.skills.embedded import EmbeddedAnalyzer
+    from megatron_seed.skills.parse import analyze_with_retries, apply_results
+
+    rng = random.Random(f"analysis:{settings.seed}")
+    by_game: dict[str, list[Demo]] = {}
+    for demo in demos:
+        if demo.hint is None:
+            by_game.setdefault(demo.game, []).append(demo)
+    records = []
+    for i, game_demos in enumerate(by_game.values()):
+        for k in range(settings.analysis_per_game):
+            demo = game_demos[k % len(game_demos)]
+            fail = (i + k) % 2 == 1 and len(demo.actions) > 1
+            cut = rng.randrange(1, len(demo.actions)) if fail else None
+            records.append(demo_record(demo, settings.rendering, cut))
+    cfg = SkillConfig(analyzer_layout=settings.analyzer_layout)  # type: ignore[arg-type]
+    results = analyze_with_retries(EmbeddedAnalyzer(), records, cfg)
+    return [r for r in apply_results(records, results) if r.skill_valid]
 
 
 # --------------------------------------------------------------------------- training
@@ -525,10 +671,20 @@ def train_policy(
     from megatron_seed.data.tokenizer import build_tokenizer
     from megatron_seed.models.parallel import spawn
     from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.pipeline.stage1 import answer_text, sft_sequence
+    from megatron_seed.skills.prompt import analyzer_messages
 
     tok_dir = work / TOKENIZER_SUBDIR
-    tokenizer = build_tokenizer(list(corpus(demos)), settings.vocab_size, tok_dir)
-    sequences = [demo_sequence(d, tokenizer) for d in demos]
+    texts = list(corpus(demos, settings.rendering))
+    analyzed = analysis_records(demos, settings)
+    layout = settings.analyzer_layout
+    for r in analyzed:
+        texts += [m["content"] for m in analyzer_messages(r, layout)]  # type: ignore[arg-type]
+        texts.append(answer_text((r.meta.get("analysis") or {}).get("summary"), r.skill or ""))
+    tokenizer = build_tokenizer(texts, settings.vocab_size, tok_dir)
+    analyzed = [_retokenize(r, tokenizer) for r in analyzed]
+    sequences = [q for d in demos for q in demo_sequences(d, tokenizer, settings.rendering)]
+    sequences += [sft_sequence(tokenizer, r, layout) for r in analyzed]
     init_dir = make_tiny_qwen(
         work / "init", seed=settings.seed, **model_overrides(settings, len(tokenizer))
     )
@@ -546,9 +702,10 @@ def train_policy(
         str(model_dir),
         progress,
     )
-    _check_model_tokenizer(model_dir, tokenizer, demos[0].first_user())
+    _check_model_tokenizer(model_dir, tokenizer, demos[0].user_messages(settings.rendering)[0])
     lengths = [len(q) for q in sequences]
     stats.update(
+        analysis_examples=len(analyzed),
         tokenizer_len=len(tokenizer),
         sequences=len(sequences),
         tokens_per_sequence_mean=round(sum(lengths) / len(lengths), 1),
@@ -562,35 +719,13 @@ def train_policy(
 # --------------------------------------------------------------------------- measurement
 
 
-class HintedPrompts:
-    """``envs.alfworld_prompt`` for the agent loop, with a hint inserted by H into the first
-    user message of the games that have one (keyed by their first observation)."""
-
-    def __init__(self, hints: dict[str, str]) -> None:
-        from envs import alfworld_prompt
-
-        self._base = alfworld_prompt
-        self.hints = hints
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._base, name)
-
-    def render_first_observation(self, task: str, observation: str, admissible: Any) -> str:
-        text = self._base.render_first_observation(task, observation, admissible)
-        hint = self.hints.get(observation)
-        return insert_skill(text, hint, "task_line") if hint else text
-
-
 def eval_hints(games: Sequence[str]) -> dict[str, str]:
-    """First observation -> the correct plan as a hint (template 0), for ``HintedPrompts``."""
+    """Game -> the correct plan as a hint (template 0)."""
     env = AlfWorldEnv()
     hints: dict[str, str] = {}
     for game in games:
-        observation, info = env.reset(game)
-        hint = plan_hint(info["task"], expert_plan(game, "planner"))
-        if hints.get(observation, hint) != hint:
-            raise ValueError(f"two evaluation games share a first observation: {game}")
-        hints[observation] = hint
+        _, info = env.reset(game)
+        hints[game] = plan_hint(info["task"], expert_plan(game, "planner"))
     return hints
 
 
@@ -608,18 +743,22 @@ def _measure_worker(
     start = time.perf_counter()
     engine = VLLMEngine(model_dir, seed=s.seed, max_model_len=s.max_position_embeddings)
     hints = eval_hints(games)
-    tasks = [Task(f"eval{i}", g, game_family(g)) for i, g in enumerate(games)]
     cfg = RolloutConfig(
         max_steps=s.eval_max_steps,
         max_prompt_tokens=s.eval_max_prompt_tokens,
         max_response_tokens=48,
-        history_mode="full",
+        history_mode=s.history_mode,  # type: ignore[arg-type]
+        history_window=s.history_window,
+        prompt_style=s.prompt_style,  # type: ignore[arg-type]
     )
     pool = BatchedEnv(lambda: AlfWorldEnv(max_steps=s.eval_max_steps))
     results: dict[str, Any] = {}
     for hinted, temperature, group in conditions:
-        prompts = HintedPrompts(hints if hinted else {})
-        loop = AgentLoop(engine, pool, engine.tokenizer, cfg, prompts=prompts)
+        tasks = [
+            Task(f"eval{i}", g, game_family(g), {"skill": hints[g]} if hinted else {})
+            for i, g in enumerate(games)
+        ]
+        loop = AgentLoop(engine, pool, engine.tokenizer, cfg)
         spec = SamplingSpec(temperature=temperature, max_tokens=48, seed=s.seed)
         records, stats = loop.run(tasks, group, spec)
         name = f"{'hint' if hinted else 'no_hint'}_t{temperature:g}"
@@ -655,7 +794,7 @@ def measure_base_policy(
 
 
 def first_action_logprobs(
-    model_dir: str | Path, games: Sequence[str | Path], template: int = 0
+    model_dir: str | Path, games: Sequence[str | Path], template: int = 0, style: str = "compact"
 ) -> tuple[list[float], list[float]]:
     """log p(the planner's first action | first prompt) without and with the plan as a hint,
     per game, with transformers (a probe of whether the hint changes what the model does)."""
@@ -669,13 +808,15 @@ def first_action_logprobs(
     for game in games:
         observation, info = env.reset(game)
         plan = expert_plan(game, "planner")
-        first = render_first_observation(info["task"], observation, info["admissible_actions"])
+        first = prompt_style(style).render_first_observation(
+            info["task"], observation, info["admissible_actions"]
+        )
         target = tokenizer.encode(action_text(plan[0]), add_special_tokens=False)
         for text, out in (
             (first, plain),
             (insert_skill(first, plan_hint(info["task"], plan, template), "task_line"), hinted),
         ):
-            prompt = ChatBuilder(tokenizer, SYSTEM_PROMPT).prompt_ids(text)
+            prompt = ChatBuilder(tokenizer, prompt_style(style).SYSTEM_PROMPT).prompt_ids(text)
             ids = torch.tensor([prompt + target])
             with torch.no_grad():
                 logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)

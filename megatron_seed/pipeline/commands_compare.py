@@ -56,14 +56,14 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, list[dict]] = {}
     baseline: list[dict] = []
     for seed in args.seeds:
-        base_dir = out / f"base-seed{seed}"
         for method in args.methods:
             job = run_default_job(
                 out / f"{method}-seed{seed}",
                 quick=args.quick,
                 seed=seed,
                 algo=method,
-                base_dir=base_dir,
+                base_dir=out / f"base-seed{seed}",
+                games_dir=out / f"games-seed{seed}",
             )
             evals = job["evaluations"]
             trained = evals["SEED" if method == "seed" else "GRPO"]

@@ -9,7 +9,8 @@ rerun; Stage 2 resumes from its own checkpoints):
   annotate Stage 1: embedded analyzer -> skills; invalid ones dropped
   sft      Stage 1: NLL on the skill answers -> theta_sft (actor and analyzer)
   stage2   Stage 2: SEED (or GRPO) updates with the fleet and the Megatron trainer
-  evaluate greedy episodes without skills on seen and unseen games
+  evaluate episodes without skills: greedy on seen and unseen games, sampled (the rollout
+           temperature, fixed seed) on the training games
   report   OUT/report.md (Table-1 layout), OUT/curves.png, OUT/eval.json
 
 `job_config` is the recipe of this job: it states only what differs from the defaults in
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ class JobSize:
     """How big one run is."""
 
     name: str
-    n_train: int
+    n_train: int  # Stage-2 training games
     n_eval: int  # games per evaluation split (seen, unseen)
     stage1_tasks: int
     k0: int
@@ -42,55 +44,60 @@ class JobSize:
     tasks_per_update: int
     group_size: int
     max_steps: int
+    train_eval_episodes: int  # sampled episodes per training game at evaluation
 
 
 FULL = JobSize(
     "full",
-    n_train=36,
+    n_train=16,
     n_eval=18,
-    stage1_tasks=18,
+    stage1_tasks=16,
     k0=4,
-    updates=10,
+    updates=20,
     tasks_per_update=4,
     group_size=4,
     max_steps=15,
+    train_eval_episodes=4,
 )
 QUICK = JobSize(
     "quick",
-    n_train=12,
-    n_eval=12,
+    n_train=6,
+    n_eval=6,
     stage1_tasks=6,
     k0=2,
-    updates=2,
-    tasks_per_update=2,
+    updates=4,
+    tasks_per_update=3,
     group_size=4,
-    max_steps=10,
+    max_steps=12,
+    train_eval_episodes=4,
 )
+EVAL_SEED = 1234  # sampled evaluation draws: the same for every model of a run
 
 
 def job_config(size: JobSize, algo: str = "seed", seed: int = 0) -> SeedConfig:
     """The default job's config: the paper's hyperparameters except where noted."""
-    cfg = SeedConfig(
+    return SeedConfig(
         parallel=dataclasses.replace(SeedConfig().parallel, precision="fp32"),
         rollout=RolloutConfig(
             tasks_per_update=size.tasks_per_update,
             group_size=size.group_size,
             max_steps=size.max_steps,  # small rooms need fewer than ALFWorld's 30
-            max_prompt_tokens=3072,
+            max_prompt_tokens=2048,
             max_response_tokens=24,  # the tiny policy answers "<action>...</action>" only
+            prompt_style="compact",  # the tiny policy's prompts (envs.alfworld_prompt)
         ),
-        skill=SkillConfig(max_tokens=192),  # embedded skills are ~80 words
-        # lr: 1e-6 (the paper's, for 3B-7B models) does not move a 0.6M-parameter model
-        optim=OptimConfig(lr=2e-4, mini_batches_per_update=1, micro_batch_size=4),
+        # continuation: the layout the base policy learnt to analyze with; short skills
+        skill=SkillConfig(max_tokens=160, analyzer_layout="continuation"),
+        # lr: 1e-6 (the paper's, for 3B-7B models) does not move a 0.7M-parameter model
+        optim=OptimConfig(lr=2e-4, mini_batches_per_update=1, micro_batch_size=16),
         algo=AlgoConfig(use_opd=algo != "grpo"),
         updates=size.updates,
         sft_epochs=3,
-        sft_lr=1e-3,  # tiny model (see above)
+        sft_lr=2e-4,  # tiny model; small enough not to wash out its acting
         sft_batch_size=8,
         save_every=1,
         seed=seed,
     )
-    return cfg
 
 
 def _progress(out: Path) -> dict[str, Any]:
@@ -104,16 +111,18 @@ def _mark(out: Path, phase: str, value: Any = True) -> None:
     (out / "progress.json").write_text(json.dumps(state, indent=2) + "\n")
 
 
-def _games(out: Path, size: JobSize, seed: int) -> dict[str, list[str]]:
+def _games(root: Path, size: JobSize, seed: int) -> dict[str, list[str]]:
+    """The job's games (generated once; ``root/done`` marks a finished set)."""
     from envs.alfworld_env import find_games
     from envs.alfworld_games import RoomSize, generate_games
 
-    root = out / "games"
-    if not _progress(out).get("games"):
+    if not (root / "done").is_file():
+        if root.exists():
+            shutil.rmtree(root)  # a generation that died
         room = RoomSize(4, 1)  # the room size the base policy is built for
         for split, n in (("train", size.n_train), ("seen", size.n_eval), ("unseen", size.n_eval)):
-            generate_games(root, split, n=n, seed=seed, room=room)
-        _mark(out, "games")
+            generate_games(root, split, n=n, seed=seed, room=room, handcoded=False, workers=2)
+        (root / "done").write_text("")
     return {s: [str(g) for g in find_games(root, s)] for s in ("train", "seen", "unseen")}
 
 
@@ -136,63 +145,107 @@ def run_default_job(
     seed: int = 0,
     algo: str = "seed",
     base_dir: str | Path | None = None,
+    games_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the whole job; returns the evaluations and facts of the report."""
-    from megatron_seed.models.parallel import spawn
-    from megatron_seed.pipeline import stage1
-    from megatron_seed.pipeline.base_policy import build_base_policy
-    from megatron_seed.pipeline.evaluate import evaluate_policy
-    from megatron_seed.pipeline.report import write_report
-    from megatron_seed.pipeline.stage2 import Stage2Job, run_stage2
+    """Run (or resume) the whole job; returns the evaluations and facts of the report.
 
+    ``base_dir`` / ``games_dir`` (default under ``out_dir``): where the base policy and the
+    games live, so that several jobs (``seed compare``) can share them.
+    """
+    from megatron_seed.pipeline.base_policy import build_base_policy, read_manifest
+    from megatron_seed.pipeline.report import write_report
+
+    if algo not in ("seed", "grpo"):
+        raise ValueError(f"unknown algorithm {algo!r}; choose seed or grpo")
     size = QUICK if quick else FULL
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = job_config(size, algo, seed)
     t0 = time.time()
-    games = _games(out, size, seed)
+    games_root = Path(games_dir or out / "games")
+    games = _games(games_root, size, seed)
     print(
-        f"[games] train {len(games['train'])}, seen {len(games['seen'])}, unseen {len(games['unseen'])}"
+        f"[games] train {len(games['train'])}, seen {len(games['seen'])}, "
+        f"unseen {len(games['unseen'])}"
     )
-    base = build_base_policy(
-        base_dir or out / "base", quick=quick, seed=seed, games_dir=out / "games", measure=False
-    )
-    address = _ray_init()
-    engine = {"max_model_len": 4096}
+    base_root = Path(base_dir or out / "base")
+    # the Stage-2 training games are among the base policy's behaviour-cloning games
+    base = build_base_policy(base_root, quick=quick, seed=seed, games_dir=games_root, measure=False)
     facts: dict[str, Any] = {"size": size.name, "algorithm": algo, "seed": seed}
-    # ---- Stage 1
+    facts["base_policy"] = _base_facts(read_manifest(base_root))
+    engine = {"max_model_len": 4096}
+    address = _ray_init()
     init = base
-    if algo != "grpo":
-        records = stage1.collect(
-            base,
-            games["train"][: size.stage1_tasks],
-            size.k0,
-            out / "stage1" / "trajectories.jsonl",
-            cfg,
-            engine_kwargs=engine,
-        )
-        if not _progress(out).get("sft"):
-            annotated, am = stage1.annotate_embedded(records, cfg)
-            from megatron_seed.data import write_jsonl
-
-            write_jsonl(annotated, out / "stage1" / "annotated.jsonl")
-            result = stage1.run_sft(base, annotated, out / "stage1" / "sft", cfg)
-            _mark(
-                out,
-                "sft",
-                {
-                    "acceptance_rate": am.get("skill/valid_rate", 0.0),
-                    "examples": result["examples"],
-                    "nll_first": result["curve"][0]["nll"],
-                    "nll_last": result["curve"][-1]["nll"],
-                },
-            )
+    if algo == "seed":
+        init = _stage1(out, base, games["train"][: size.stage1_tasks], size, cfg, engine)
         facts["stage1"] = _progress(out)["sft"]
-        init = out / "stage1" / "sft" / "hf"
-    # ---- Stage 2
+    final = _stage2(out, init, games["train"], cfg, engine, address)
+    models = {"Base (Vanilla)": base}
+    if algo == "seed":
+        models["Stage-1 SFT"] = init
+    models["SEED" if algo == "seed" else "GRPO"] = final
+    evaluations = _evaluate(out, models, games, size, cfg, engine)
+    (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
+    if "wall_minutes" not in _progress(out):  # the run that finished the job, not a rerun
+        _mark(out, "wall_minutes", round((time.time() - t0) / 60, 1))
+    facts["wall_minutes"] = _progress(out)["wall_minutes"]
+    report = write_report(out, evaluations, facts)
+    print(f"report: {report}")
+    return {"evaluations": evaluations, "facts": facts}
+
+
+def _base_facts(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the report says about the base policy's build."""
+    train = manifest.get("train", {})
+    return {
+        "games": len(manifest.get("games", {}).get("train", [])),
+        "demonstrations": manifest.get("demos"),
+        "analysis_examples": train.get("analysis_examples"),
+        "bc_nll_last": train.get("nll_last10"),
+        "build_seconds": manifest.get("timings_s", {}).get("build"),
+    }
+
+
+def _stage1(
+    out: Path, base: Path, games: list[str], size: JobSize, cfg: SeedConfig, engine: dict
+) -> Path:
+    """Collect K0 rollouts per task, annotate with the embedded analyzer, SFT -> theta_sft."""
+    from megatron_seed.data import write_jsonl
+    from megatron_seed.pipeline import stage1
+
+    sft_dir = out / "stage1" / "sft"
+    if _progress(out).get("sft"):
+        return sft_dir / "hf"
+    trajectories = out / "stage1" / "trajectories.jsonl"
+    records = stage1.collect(base, games, size.k0, trajectories, cfg, engine_kwargs=engine)
+    annotated, am = stage1.annotate_embedded(records, cfg)
+    write_jsonl(annotated, out / "stage1" / "annotated.jsonl")
+    result = stage1.run_sft(base, annotated, sft_dir, cfg)
+    _mark(
+        out,
+        "sft",
+        {
+            "rollouts": len(records),
+            "rollout_success": round(sum(r.won for r in records) / max(1, len(records)), 3),
+            "acceptance_rate": am.get("skill/valid_rate", 0.0),
+            "examples": result["examples"],
+            "nll_first": round(result["curve"][0]["nll"], 4),
+            "nll_last": round(result["curve"][-1]["nll"], 4),
+        },
+    )
+    return sft_dir / "hf"
+
+
+def _stage2(
+    out: Path, init: Path, games: list[str], cfg: SeedConfig, engine: dict, address: str
+) -> Path:
+    """SEED (or GRPO) updates with the fleet and the Megatron trainer -> final HF folder."""
+    from megatron_seed.models.parallel import spawn
+    from megatron_seed.pipeline.stage2 import Stage2Job, run_stage2
+
     job = Stage2Job(
         model_dir=str(init),
-        games=games["train"],
+        games=games,
         out_dir=str(out / "stage2"),
         cfg=cfg,
         ray_address=address,
@@ -201,21 +254,27 @@ def run_default_job(
     if not _progress(out).get("stage2"):
         spawn(run_stage2, 1, job)
         _mark(out, "stage2")
-    # ---- evaluate (greedy, no skills)
-    evaluations = _progress(out).get("evaluate")
-    if not evaluations:
-        splits = {"seen": games["seen"], "unseen": games["unseen"]}
-        models = {"Base (Vanilla)": base}
-        if algo != "grpo":
-            models["Stage-1 SFT"] = init
-        models["GRPO" if algo == "grpo" else "SEED"] = out / "stage2" / "final_hf"
-        evaluations = {
-            name: evaluate_policy(path, splits, cfg.rollout, engine_kwargs=engine)
-            for name, path in models.items()
-        }
-        _mark(out, "evaluate", evaluations)
-    (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
-    facts["wall_minutes"] = round((time.time() - t0) / 60, 1)
-    report = write_report(out, evaluations, facts)
-    print(f"report: {report}")
-    return {"evaluations": evaluations, "facts": facts}
+    return out / "stage2" / "final_hf"
+
+
+def _evaluate(
+    out: Path,
+    models: dict[str, Path],
+    games: dict[str, list[str]],
+    size: JobSize,
+    cfg: SeedConfig,
+    engine: dict,
+) -> dict[str, Any]:
+    """Every model without skills: greedy on seen and unseen, sampled on the training games."""
+    from megatron_seed.pipeline.evaluate import evaluate_policy
+
+    evaluations = _progress(out).get("evaluate") or {}
+    splits = {"seen": games["seen"], "unseen": games["unseen"], "train": games["train"]}
+    sampled = {"train": (cfg.rollout.temperature, size.train_eval_episodes, EVAL_SEED)}
+    for name, path in models.items():
+        if name not in evaluations:
+            evaluations[name] = evaluate_policy(
+                path, splits, cfg.rollout, engine_kwargs=engine, sampled=sampled
+            )
+            _mark(out, "evaluate", evaluations)
+    return evaluations

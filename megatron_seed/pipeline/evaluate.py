@@ -43,8 +43,13 @@ def evaluate_policy(
     num_engines: int = 2,
     env_workers: int = 2,
     engine_kwargs: dict | None = None,
+    sampled: dict[str, tuple[float, int, int]] | None = None,
 ) -> dict[str, Any]:
-    """Greedy, skill-free episodes of `model_dir` on each split's games (needs Ray)."""
+    """Skill-free episodes of `model_dir` on each split's games (needs Ray).
+
+    Greedy, one episode per game, unless ``sampled[split] = (temperature, episodes per game,
+    seed)``: then that many sampled episodes per game with a fixed seed (the same draws for
+    every model evaluated with it)."""
     from transformers import AutoTokenizer
 
     from envs.alfworld_env import game_family
@@ -58,12 +63,16 @@ def evaluate_policy(
     pool = EnvPool(num_workers=env_workers, max_steps=rollout.max_steps)
     try:
         loop = AgentLoop(fleet, pool, tokenizer, rollout)
-        spec = SamplingSpec(temperature=0.0, max_tokens=rollout.max_response_tokens)
         result = {}
         for split, games in splits.items():
+            temperature, n, seed = (sampled or {}).get(split, (0.0, 1, 0))
+            spec = SamplingSpec(
+                temperature=temperature, max_tokens=rollout.max_response_tokens, seed=seed
+            )
             tasks = [Task(Path(g).name, str(g), game_family(g)) for g in games]
-            records, _ = loop.run(tasks, 1, spec, update=-1)
+            records, _ = loop.run(tasks, n, spec, update=-1)
             result[split] = summarize(records)
+            result[split]["decoding"] = f"T={temperature:g}, {n} per game"
         return result
     finally:
         pool.close()

@@ -70,16 +70,21 @@ def write_report(out_dir: Path, evaluations: dict[str, dict], facts: dict[str, A
     if metrics.is_file():
         png = plot_curves(metrics, out_dir / "curves.png")
     lines = ["# megatron-seed default job: report", ""]
-    lines += [f"- {k}: {v}" for k, v in facts.items()]
+    lines += [f"- {k}: {json.dumps(v) if isinstance(v, dict) else v}" for k, v in facts.items()]
     lines += [
         "",
-        "Success rate (%) without skills at evaluation, greedy decoding; "
-        "Len = mean episode length (steps).",
+        "Success rate (%) without skills at evaluation; Len = mean episode length (steps).",
         "",
     ]
-    for split in ("seen", "unseen"):
+    titles = {
+        "seen": "ALFWorld (seen)",
+        "unseen": "ALFWorld (unseen)",
+        "train": "Stage-2 training games",
+    }
+    for split, title in titles.items():
         if all(split in r for r in evaluations.values()):
-            lines += [f"## ALFWorld ({split})", "", table(evaluations, split), ""]
+            decoding = next(iter(evaluations.values()))[split].get("decoding", "greedy")
+            lines += [f"## {title} ({decoding})", "", table(evaluations, split), ""]
     if png is not None:
         lines += ["## Training curves (Stage 2)", "", "![curves](curves.png)", ""]
     lines += [

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from megatron_seed.config import RolloutConfig
 from megatron_seed.data import Status, TrajectoryRecord, Turn
-from megatron_seed.data.sequences import ChatBuilder
+from megatron_seed.data.sequences import ChatBuilder, insert_skill
 
 
 class Engine(Protocol):
@@ -80,13 +80,13 @@ class AgentLoop:
     def __init__(
         self, engine: Engine, pool: Any, tokenizer: Any, cfg: RolloutConfig, prompts: Any = None
     ):
-        from envs import alfworld_prompt
+        from envs.alfworld_prompt import prompt_style
 
         self.engine = engine
         self.pool = pool
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.prompts = prompts or alfworld_prompt
+        self.prompts = prompts or prompt_style(cfg.prompt_style)
 
     # ------------------------------------------------------------ user messages
 
@@ -103,10 +103,17 @@ class AgentLoop:
         return self.prompts.render_step_observation(step, ep.observation, ep.admissible)
 
     def _prompt_ids(self, ep: _Live) -> list[int]:
-        """The ids the engine continues for this episode's next action."""
+        """The ids the engine continues for this episode's next action.
+
+        A task whose ``meta["skill"]`` is set plays with that skill inserted by H into every
+        prompt that holds the task line (the first one; every one in window mode): skills
+        in context at rollout, for probes and ablations; Stage 2 never sets it.
+        """
         system = self.prompts.SYSTEM_PROMPT
         if self.cfg.history_mode == "window" or not ep.turns:
             text = self._first_user(ep) if not ep.turns else self._next_user(ep)
+            if ep.task.meta.get("skill"):
+                text = insert_skill(text, ep.task.meta["skill"], "task_line")
             ep.chat = ChatBuilder(self.tokenizer, system)
             ep.pending_user = text
             return ep.chat.prompt_ids(text)

@@ -115,6 +115,12 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 class VLLMEngine:
     """One vLLM `LLM` in this process (use one per Ray actor; see module docstring)."""
 
@@ -186,7 +192,10 @@ class VLLMEngine:
 
         `seed_offsets[i]` (default i) is added to `spec.seed` for prompt i, so identical
         prompts get different samples and a fleet can make results independent of which
-        engine served a prompt (it passes global prompt indices).
+        engine served a prompt (it passes global prompt indices). vLLM's CPU sampler cannot
+        seed single requests (it fails with "CPU Generator does not use offset" once a
+        seeded request is sampled at temperature > 0): on CPU `spec.seed` is not sent and
+        the draws follow the engine's own seed (reproducible for the same call sequence).
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -197,12 +206,13 @@ class VLLMEngine:
         offsets = list(range(len(prompts))) if seed_offsets is None else seed_offsets
         if len(offsets) != len(prompts):
             raise ValueError(f"{len(offsets)} seed offsets for {len(prompts)} prompts")
+        seeded = spec.seed is not None and (spec.temperature == 0 or not _on_cpu())
         params = [
             SamplingParams(
                 temperature=spec.temperature,
                 top_p=spec.top_p,
                 max_tokens=spec.max_tokens,
-                seed=None if spec.seed is None else spec.seed + off,
+                seed=spec.seed + off if seeded else None,  # type: ignore[operator]
                 logprobs=0,  # only the sampled token's log-prob
                 stop_token_ids=[self.eos_token_id],
                 # decoded below in one piece: vLLM's incremental detokenizer drops a

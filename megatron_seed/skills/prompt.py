@@ -35,6 +35,7 @@ LAYOUTS: tuple[AnalyzerLayout, ...] = ("record", "continuation")
 Message = dict[str, str]
 
 TASK_PREFIX = "Your task is to:"
+COMPACT_ACTIONS_PREFIX = "Actions: "  # the compact prompt style's action list line
 _TASK_LINE = re.compile(r"^\s*Your task is to:\s*(.+?)\s*$", re.MULTILINE)
 _CURRENT_OBS = re.compile(
     r"current observation is:\s*(.*?)\s*(?:\n\s*Your admissible actions|\Z)",
@@ -93,16 +94,23 @@ def env_observation(user_text: str) -> str:
     match = _CURRENT_OBS.search(user_text)
     if match:
         return one_line(match.group(1))
-    lines = [ln for ln in user_text.splitlines() if not ln.strip().startswith(TASK_PREFIX)]
+    lines = [
+        ln
+        for ln in user_text.splitlines()
+        if not ln.strip().startswith((TASK_PREFIX, COMPACT_ACTIONS_PREFIX))
+    ]
     return one_line("\n".join(lines))
 
 
 def admissible_actions(user_text: str) -> list[str] | None:
     """The admissible actions listed in a rendered actor message; None if it lists none."""
     match = _ADMISSIBLE.search(user_text)
-    if not match:
-        return None
-    return _QUOTED.findall(match.group(1))
+    if match:
+        return _QUOTED.findall(match.group(1))
+    for line in user_text.splitlines():  # the compact style: "Actions: a; b; c."
+        if line.startswith(COMPACT_ACTIONS_PREFIX):
+            return line.removeprefix(COMPACT_ACTIONS_PREFIX).removesuffix(".").split("; ")
+    return None
 
 
 def action_of(action_text: str) -> tuple[str | None, bool]:

@@ -12,6 +12,7 @@ from megatron_seed.pipeline.base_policy import (
     BasePolicyCacheError,
     BasePolicySettings,
     PlanningEnv,
+    Rendering,
     cache_key,
     join_steps,
     length_batches,
@@ -34,15 +35,15 @@ def game(tmp_path_factory):
 def test_noisy_demos_replan_and_still_win(game):
     env = PlanningEnv(max_steps=20)
     clean = play_clean(env, game)
-    assert clean.won and clean.mistakes == 0 and len(clean.users) == len(clean.actions)
+    assert clean.won and clean.mistakes == 0 and len(clean.observations) == len(clean.actions)
     rng = random.Random(0)
-    demos = [play_noisy(env, clean, rng, 0.5, 3, 14) for _ in range(6)]
+    demos = [play_noisy(env, clean, rng, 0.5, 3, 14, search=False) for _ in range(6)]
     noisy = [d for d in demos if d is not None and d.mistakes]
     assert noisy, "with p=0.5 some demonstrations must contain mistakes"
     for demo in noisy:
         assert demo.won and len(demo.actions) > len(clean.actions) - 1
-        assert len(demo.users) == len(demo.actions)
-        assert demo.users[0] == clean.users[0]
+        assert len(demo.observations) == len(demo.admissible) == len(demo.actions)
+        assert demo.observations[0] == clean.observations[0]
 
 
 def test_hint_goes_right_after_the_task_line(game):
@@ -52,11 +53,70 @@ def test_hint_goes_right_after_the_task_line(game):
     clean = play_clean(env, game)
     hint = plan_hint(clean.goal, clean.actions)
     assert hint.startswith("Workflow: to ") and clean.actions[0] in hint
-    hinted = dataclasses.replace(clean, hint=hint).first_user()
-    lines = hinted.splitlines()
-    task = next(i for i, line in enumerate(lines) if line.startswith("Your task is to: "))
-    assert lines[task + 2] == hint  # "[Hindsight skill]" header, then the skill
+    hinted = dataclasses.replace(clean, hint=hint)
+    for how, every_turn in (
+        (Rendering("compact", "window", 2), True),
+        (Rendering("paper", "full", 2), False),
+    ):
+        users = hinted.user_messages(how)
+        for i, text in enumerate(users):
+            lines = text.splitlines()
+            task = [k for k, line in enumerate(lines) if line.startswith("Your task is to: ")]
+            if i == 0 or every_turn:
+                assert lines[task[0] + 2] == hint  # "[Hindsight skill]" header, then the skill
+            else:
+                assert hint not in text and not task
     assert join_steps(["a", "b", "c"]) == "a, b, then c"
+
+
+def test_demo_renders_as_the_agent_loop_does(game, tiny_tokenizer):
+    """The demonstration's window prompts are the ones the agent loop would build from the
+    same observations, and its training sequences put loss on the action tokens only."""
+    from envs.alfworld_prompt import prompt_style
+    from megatron_seed.pipeline.base_policy import action_text, demo_sequences
+
+    env = PlanningEnv()
+    clean = play_clean(env, game)
+    how = Rendering("compact", "window", 2)
+    users = clean.user_messages(how)
+    style = prompt_style("compact")
+    k = 3
+    pairs = list(zip(clean.observations[:k], clean.actions[:k], strict=True))[-2:]
+    expected = style.render_window_prompt(
+        clean.goal, pairs, clean.observations[k], k, clean.admissible[k]
+    )
+    assert users[k] == expected and "Actions: " in expected
+    tok = tiny_tokenizer
+    seqs = demo_sequences(clean, tok, how)
+    assert len(seqs) == len(clean.actions)
+    for seq, action in zip(seqs, clean.actions, strict=True):
+        target = [t for t, m in zip(seq.input_ids, seq.action_mask, strict=True) if m]
+        assert tok.decode(target, skip_special_tokens=True) == action_text(action)
+    (full,) = demo_sequences(clean, tok, Rendering("compact", "full", 2))
+    assert sum(full.action_mask) == sum(sum(q.action_mask) for q in seqs)
+
+
+def test_search_demos_look_before_they_take(game):
+    """Without mistakes, a searching demo visits places in a random order until the planner's
+    object place, opening closed ones, then follows the plan; the visit count varies."""
+    env = PlanningEnv(max_steps=30)
+    clean = play_clean(env, game)
+    place = clean.actions[0].removeprefix("go to ")
+    first_take = next(i for i, a in enumerate(clean.actions) if a.startswith("take "))
+    rng = random.Random(1)
+    visits = set()
+    for _ in range(8):
+        demo = play_noisy(env, clean, rng, 0.0, 0, 30, search=True)
+        assert demo is not None and demo.won and demo.mistakes == 0
+        take = next(i for i, a in enumerate(demo.actions) if a.startswith("take "))
+        gone = [a.removeprefix("go to ") for a in demo.actions[:take] if a.startswith("go to ")]
+        assert gone[-1] == place and len(set(gone)) == len(gone)  # no place twice
+        for i, a in enumerate(demo.actions[:take]):
+            if "is closed" in demo.observations[i + 1] and a.startswith("go to "):
+                assert demo.actions[i + 1] == "open " + a.removeprefix("go to ")
+        assert demo.actions[take:] == clean.actions[first_take:]
+        visits.add(len(gone))
+    assert len(visits) > 1
 
 
 def test_lr_schedule_and_batches():

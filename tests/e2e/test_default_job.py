@@ -1,0 +1,76 @@
+"""`seed run --quick` end to end: games, base policy, Stage 1, Stage 2 (SEED), evaluation,
+report; then a rerun that resumes from the finished phases instead of redoing them.
+
+Marked slow: the whole quick job runs (about 5 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("default_job") / "run"
+    cmd = [sys.executable, "-m", "megatron_seed.cli", "run", "--quick", "--out", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return out, proc, time.perf_counter() - start
+
+
+def test_artifacts_exist_and_hold_the_run(quick_run):
+    out, _, _ = quick_run
+    for rel in (
+        "report.md",
+        "curves.png",
+        "eval.json",
+        "progress.json",
+        "stage2/metrics.jsonl",
+        "stage2/config.json",
+        "stage1/annotated.jsonl",
+        "stage2/final_hf/config.json",
+        "base/manifest.json",
+    ):
+        assert (out / rel).is_file(), rel
+    evaluations = json.loads((out / "eval.json").read_text())
+    assert set(evaluations) == {"Base (Vanilla)", "Stage-1 SFT", "SEED"}
+    report = (out / "report.md").read_text()
+    for name, result in evaluations.items():
+        for split in ("seen", "unseen", "train"):
+            r = result[split]
+            assert 0.0 <= r["macro_avg"] <= 1.0 and r["episodes"] > 0
+        assert f"| {name} |" in report
+    config = json.loads((out / "stage2" / "config.json").read_text())
+    assert config["rollout"]["prompt_style"] == "compact" and config["algo"]["use_opd"]
+    rows = [json.loads(x) for x in (out / "stage2" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == config["updates"]
+    assert all("train/loss/opd" in r and "time/rollout" in r for r in rows)
+
+
+def test_trained_policy_beats_the_base_on_training_games(quick_run):
+    """Sampled episodes (rollout temperature, same seed) on the Stage-2 training games."""
+    out, _, _ = quick_run
+    evaluations = json.loads((out / "eval.json").read_text())
+    base = evaluations["Base (Vanilla)"]["train"]["success"]
+    trained = evaluations["SEED"]["train"]["success"]
+    assert trained > base, (base, trained)
+
+
+def test_rerun_resumes_without_redoing_phases(quick_run):
+    out, _, first_seconds = quick_run
+    report = (out / "report.md").read_text()
+    cmd = [sys.executable, "-m", "megatron_seed.cli", "run", "--quick", "--out", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "base policy: reusing" in proc.stdout
+    assert time.perf_counter() - start < first_seconds / 2
+    assert (out / "report.md").read_text() == report  # the finished run's numbers
