@@ -83,10 +83,11 @@ class BasePolicyCacheError(RuntimeError):
 class BasePolicySettings:
     """Everything that decides the built model (the cache key)."""
 
-    n_train_games: int = 100
+    n_train_games: int = 200
     n_eval_games: int = 0  # held-out games for ``measure`` (the default job evaluates itself)
     n_receptacles: int = 4
     n_distractors: int = 1
+    families: tuple[str, ...] = ()  # task families of the generated games; () = all six
     prompt_style: str = "compact"
     history_mode: str = "full"
     history_window: int = 2
@@ -119,7 +120,17 @@ class BasePolicySettings:
         """The full default, or the ``--quick`` variant (about a minute and a half)."""
         if not quick:
             return cls(seed=seed)
-        return cls(n_train_games=30, train_steps=150, seed=seed)
+        # the job's own few training games cloned many times over (with ``games_dir``): it
+        # plays those sometimes and nothing else (too little compute to learn to copy names)
+        return cls(
+            n_train_games=6,
+            families=("pick",),
+            noisy_per_game=8,
+            hinted_per_game=2,
+            analysis_per_game=2,
+            train_steps=200,
+            seed=seed,
+        )
 
     @property
     def rendering(self) -> Rendering:
@@ -212,18 +223,27 @@ def prepare_games(
             except ValueError:  # no such split folder
                 games = []
         if len(games) < n:
-            games += _generate(own, split, n - len(games), settings.seed, room, progress)
+            more = n - len(games)
+            games += _generate(own, split, more, settings.seed, room, settings.families, progress)
         found[split] = games
     return found["train"], found["seen"]
 
 
 def _generate(
-    out: Path, split: str, n: int, seed: int, room: RoomSize, progress: bool
+    out: Path,
+    split: str,
+    n: int,
+    seed: int,
+    room: RoomSize,
+    families: tuple[str, ...],
+    progress: bool,
 ) -> list[Path]:
     if progress:
         print(f"base policy: generating {n} {split} games (2 processes)")
     # a seed range of its own: never the same game as a job's own generated ones
-    return generate_games(out, split, n, 7_000_000 + seed, room, handcoded=False, workers=2)
+    return generate_games(
+        out, split, n, 7_000_000 + seed, room, list(families) or None, handcoded=False, workers=2
+    )
 
 
 # --------------------------------------------------------------------------- demonstrations
@@ -829,12 +849,13 @@ def first_action_logprobs(
 
 
 def cache_key(settings: BasePolicySettings, games_dir: Path | None) -> dict[str, Any]:
-    """What a cached build must match to be reused."""
-    return {
+    """What a cached build must match to be reused (as JSON holds it: tuples are lists)."""
+    key = {
         "format_version": FORMAT_VERSION,
         "settings": dataclasses.asdict(settings),
         "games_dir": str(games_dir.resolve()) if games_dir is not None else None,
     }
+    return json.loads(json.dumps(key))
 
 
 def _sha256(path: Path) -> str:

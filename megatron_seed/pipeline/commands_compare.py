@@ -48,12 +48,43 @@ def compare_table(results: dict[str, list[dict]], split: str) -> str:
     return "\n".join(lines)
 
 
+PHASES = ("sync", "rollout", "analyze", "train", "update")
+
+
+def phase_seconds(metrics_path: Path) -> dict[str, float]:
+    """Median seconds per update of each phase (update 1, the engines' warm-up, excluded
+    when there are more)."""
+    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    rows = rows[1:] if len(rows) > 1 else rows
+    return {phase: statistics.median(r.get(f"time/{phase}", 0.0) for r in rows) for phase in PHASES}
+
+
+def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
+    """Per-phase seconds per update (mean over seeds of each run's median) and the ratio of
+    each method's update time to the last method's (GRPO by default)."""
+    methods = list(seconds)
+    mean = {
+        m: {p: statistics.fmean(run[p] for run in runs) for p in PHASES}
+        for m, runs in seconds.items()
+    }
+    head = "| phase | " + " | ".join(f"{m} s" for m in methods) + " |"
+    lines = [head, "| --- |" + " ---: |" * len(methods)]
+    for phase in PHASES:
+        lines.append(f"| {phase} | " + " | ".join(f"{mean[m][phase]:.2f}" for m in methods) + " |")
+    ref = methods[-1]
+    for m in methods[:-1]:
+        ratio = mean[m]["update"] / max(mean[ref]["update"], 1e-9)
+        lines.append(f"\n{m} update time / {ref} update time: **{ratio:.2f}x**")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run every (method, seed) job, then write the side-by-side table."""
     from megatron_seed.pipeline.default_job import run_default_job
 
     out = Path(args.out)
     results: dict[str, list[dict]] = {}
+    seconds: dict[str, list[dict[str, float]]] = {}
     baseline: list[dict] = []
     for seed in args.seeds:
         for method in args.methods:
@@ -68,13 +99,18 @@ def run(args: argparse.Namespace) -> int:
             evals = job["evaluations"]
             trained = evals["SEED" if method == "seed" else "GRPO"]
             results.setdefault(method.upper(), []).append(trained)
+            metrics = out / f"{method}-seed{seed}" / "stage2" / "metrics.jsonl"
+            seconds.setdefault(method.upper(), []).append(phase_seconds(metrics))
             if method == args.methods[0]:
                 baseline.append(evals["Base (Vanilla)"])
     results = {"Base (Vanilla)": baseline, **results}
     lines = [f"# SEED vs GRPO ({'quick' if args.quick else 'full'} size, seeds {args.seeds})", ""]
-    for split in ("seen", "unseen"):
+    for split in ("seen", "unseen", "train"):
         lines += [f"## {split}", "", compare_table(results, split), ""]
+    lines += ["## seconds per Stage-2 update (median over updates 2..)", ""]
+    lines += [time_table(seconds), ""]
     (out / "compare.md").write_text("\n".join(lines))
-    (out / "compare.json").write_text(json.dumps(results, indent=2) + "\n")
+    summary = {"results": results, "seconds": seconds}
+    (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n".join(lines))
     return 0

@@ -6,6 +6,7 @@ Pick2 and their average (the macro average over families present).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,17 @@ def summarize(records: list) -> dict[str, Any]:
     return out
 
 
+def hf_weights(model_dir: str | Path) -> Iterable[tuple[str, Any]]:
+    """(HF name, tensor) of every weight in a model folder's safetensors files."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    for f in files:
+        yield from load_file(f).items()
+
+
 def evaluate_policy(
     model_dir: str | Path,
     splits: dict[str, list[str]],
@@ -45,11 +57,30 @@ def evaluate_policy(
     engine_kwargs: dict | None = None,
     sampled: dict[str, tuple[float, int, int]] | None = None,
 ) -> dict[str, Any]:
-    """Skill-free episodes of `model_dir` on each split's games (needs Ray).
+    """Skill-free episodes of `model_dir` on each split's games (needs Ray); see
+    `evaluate_policies`."""
+    (result,) = evaluate_policies(
+        [model_dir], splits, rollout, num_engines, env_workers, engine_kwargs, sampled
+    )
+    return result
+
+
+def evaluate_policies(
+    model_dirs: Sequence[str | Path],
+    splits: dict[str, list[str]],
+    rollout: RolloutConfig,
+    num_engines: int = 2,
+    env_workers: int = 2,
+    engine_kwargs: dict | None = None,
+    sampled: dict[str, tuple[float, int, int]] | None = None,
+) -> list[dict[str, Any]]:
+    """Skill-free episodes of each model on each split's games, one fleet for all (the next
+    model's weights are streamed into the engines; the models must share an architecture and
+    a tokenizer). Needs Ray.
 
     Greedy, one episode per game, unless ``sampled[split] = (temperature, episodes per game,
-    seed)``: then that many sampled episodes per game with a fixed seed (the same draws for
-    every model evaluated with it)."""
+    seed)``: then that many sampled episodes per game, the same request seeds for every
+    model (on CPU the engine's own seed: vLLM's CPU sampler cannot seed single requests)."""
     from transformers import AutoTokenizer
 
     from envs.alfworld_env import game_family
@@ -58,22 +89,27 @@ def evaluate_policy(
     from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.rollout.fleet import Fleet
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    fleet = Fleet(str(model_dir), num_engines, engine_kwargs=engine_kwargs or {})
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dirs[0]))
+    fleet = Fleet(str(model_dirs[0]), num_engines, engine_kwargs=engine_kwargs or {})
     pool = EnvPool(num_workers=env_workers, max_steps=rollout.max_steps)
+    results = []
     try:
         loop = AgentLoop(fleet, pool, tokenizer, rollout)
-        result = {}
-        for split, games in splits.items():
-            temperature, n, seed = (sampled or {}).get(split, (0.0, 1, 0))
-            spec = SamplingSpec(
-                temperature=temperature, max_tokens=rollout.max_response_tokens, seed=seed
-            )
-            tasks = [Task(Path(g).name, str(g), game_family(g)) for g in games]
-            records, _ = loop.run(tasks, n, spec, update=-1)
-            result[split] = summarize(records)
-            result[split]["decoding"] = f"T={temperature:g}, {n} per game"
-        return result
+        for i, model_dir in enumerate(model_dirs):
+            if i:
+                fleet.update_weights(hf_weights(model_dir))
+            result = {}
+            for split, games in splits.items():
+                temperature, n, seed = (sampled or {}).get(split, (0.0, 1, 0))
+                spec = SamplingSpec(
+                    temperature=temperature, max_tokens=rollout.max_response_tokens, seed=seed
+                )
+                tasks = [Task(Path(g).name, str(g), game_family(g)) for g in games]
+                records, _ = loop.run(tasks, n, spec, update=-1)
+                result[split] = summarize(records)
+                result[split]["decoding"] = f"T={temperature:g}, {n} per game"
+            results.append(result)
+        return results
     finally:
         pool.close()
         fleet.close()

@@ -52,7 +52,7 @@ def test_cache_is_reused_and_guarded(built):
             out, games_dir=out.parent / "games", progress=False, measure=False, settings=other
         )
     manifest = read_manifest(out)
-    assert manifest["key"]["settings"] == dataclasses.asdict(SMALL)
+    assert manifest["key"]["settings"] == json.loads(json.dumps(dataclasses.asdict(SMALL)))
     assert set(manifest["timings_s"]) >= {"games", "demos", "train", "build", "total"}
 
 
