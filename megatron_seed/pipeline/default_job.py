@@ -3,8 +3,10 @@
 Phases, each resumable (a finished phase is recorded in OUT/progress.json and skipped on a
 rerun; Stage 2 resumes from its own checkpoints):
 
-  games    ALFWorld games generated offline: train / seen / unseen
-  base     the tiny base policy (tokenizer + Qwen2, behaviour cloning; cached)
+  games    ALFWorld games generated offline: train / seen / unseen (OUT/games, or a shared
+           folder; `games/done` marks a finished set)
+  base     the tiny base policy (tokenizer + Qwen2, behaviour cloning; cached): the job's
+           training games are among the cloned ones (see `base_policy`)
   collect  Stage 1: K0 rollouts per task of the base policy, no skills
   annotate Stage 1: embedded analyzer -> skills; invalid ones dropped
   sft      Stage 1: NLL on the skill answers -> theta_sft (actor and analyzer)
@@ -14,7 +16,9 @@ rerun; Stage 2 resumes from its own checkpoints):
   report   OUT/report.md (Table-1 layout), OUT/curves.png, OUT/eval.json
 
 `job_config` is the recipe of this job: it states only what differs from the defaults in
-`megatron_seed.config` (which are the paper's), and why.
+`megatron_seed.config` (which are the paper's), and why. Sizes: FULL (all six families,
+16 training games, a base cloned on 200 games) and QUICK (Pick only, 6 training games, a base
+cloned on those 6 games alone: too little compute for it to play unseen games).
 """
 
 from __future__ import annotations

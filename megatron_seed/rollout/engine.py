@@ -115,7 +115,8 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _on_cpu() -> bool:
+def vllm_on_cpu() -> bool:
+    """Whether vLLM runs on its CPU platform (no per-request seeds there, see `generate`)."""
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
@@ -192,10 +193,10 @@ class VLLMEngine:
 
         `seed_offsets[i]` (default i) is added to `spec.seed` for prompt i, so identical
         prompts get different samples and a fleet can make results independent of which
-        engine served a prompt (it passes global prompt indices). vLLM's CPU sampler cannot
-        seed single requests (it fails with "CPU Generator does not use offset" once a
-        seeded request is sampled at temperature > 0): on CPU `spec.seed` is not sent and
-        the draws follow the engine's own seed (reproducible for the same call sequence).
+        engine served a prompt (it passes global prompt indices). vLLM's CPU sampler is not
+        safe with per-request seeds (a large batch of seeded, partly prefix-cached requests
+        at temperature > 0 killed the engine: "CPU Generator does not use offset"): on CPU
+        `spec.seed` is not sent and the draws follow the engine's own seed.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -206,7 +207,7 @@ class VLLMEngine:
         offsets = list(range(len(prompts))) if seed_offsets is None else seed_offsets
         if len(offsets) != len(prompts):
             raise ValueError(f"{len(offsets)} seed offsets for {len(prompts)} prompts")
-        seeded = spec.seed is not None and (spec.temperature == 0 or not _on_cpu())
+        seeded = spec.seed is not None and (spec.temperature == 0 or not vllm_on_cpu())
         params = [
             SamplingParams(
                 temperature=spec.temperature,

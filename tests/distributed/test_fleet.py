@@ -17,7 +17,7 @@ import torch
 
 from megatron_seed.models.convert import hf_names
 from megatron_seed.models.qwen import QwenSpec
-from megatron_seed.rollout.engine import SamplingSpec
+from megatron_seed.rollout.engine import SamplingSpec, vllm_on_cpu
 
 pytestmark = pytest.mark.distributed
 
@@ -105,9 +105,15 @@ def test_generate_order_lengths_and_rescoring(fleet, tiny_tokenizer):
         )
         <= 1e-4
     )
-    # Seeds follow the global prompt index, not the engine: same call, same samples.
     again = fleet.generate(prompts, spec)
-    assert [g.token_ids for g in again] == [g.token_ids for g in gens]
+    if vllm_on_cpu():
+        # vLLM's CPU sampler cannot be trusted with per-request seeds (a large batch of
+        # seeded, partly prefix-cached requests killed the engine with "CPU Generator does
+        # not use offset"), so the engine does not send them and repeats are not identical.
+        assert len(again) == len(prompts)
+    else:
+        # Seeds follow the global prompt index, not the engine: same call, same samples.
+        assert [g.token_ids for g in again] == [g.token_ids for g in gens]
 
 
 def test_greedy_results_follow_prompt_order(fleet, tiny_tokenizer):
