@@ -86,6 +86,10 @@ class HFCheckpoint:
         """Whether the checkpoint stores `name`."""
         return name in self._where
 
+    def names(self) -> list[str]:
+        """Every stored tensor name, in file order."""
+        return list(self._where)
+
     def shape(self, name: str) -> tuple[int, ...]:
         """Shape of a stored tensor without reading it."""
         return tuple(self._handle(name).get_slice(name).get_shape())

@@ -813,38 +813,6 @@ def measure_base_policy(
     return result
 
 
-def first_action_logprobs(
-    model_dir: str | Path, games: Sequence[str | Path], template: int = 0, style: str = "compact"
-) -> tuple[list[float], list[float]]:
-    """log p(the planner's first action | first prompt) without and with the plan as a hint,
-    per game, with transformers (a probe of whether the hint changes what the model does)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    env = AlfWorldEnv()
-    plain, hinted = [], []
-    for game in games:
-        observation, info = env.reset(game)
-        plan = expert_plan(game, "planner")
-        first = prompt_style(style).render_first_observation(
-            info["task"], observation, info["admissible_actions"]
-        )
-        target = tokenizer.encode(action_text(plan[0]), add_special_tokens=False)
-        for text, out in (
-            (first, plain),
-            (insert_skill(first, plan_hint(info["task"], plan, template), "task_line"), hinted),
-        ):
-            prompt = ChatBuilder(tokenizer, prompt_style(style).SYSTEM_PROMPT).prompt_ids(text)
-            ids = torch.tensor([prompt + target])
-            with torch.no_grad():
-                logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
-            pos = torch.arange(len(prompt) - 1, ids.shape[1] - 1)
-            out.append(float(logp[pos, ids[0, pos + 1]].sum()))
-    return plain, hinted
-
-
 # --------------------------------------------------------------------------- build + cache
 
 

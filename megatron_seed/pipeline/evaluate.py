@@ -6,7 +6,7 @@ Pick2 and their average (the macro average over families present).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,34 +37,6 @@ def summarize(records: list) -> dict[str, Any]:
     return out
 
 
-def hf_weights(model_dir: str | Path) -> Iterable[tuple[str, Any]]:
-    """(HF name, tensor) of every weight in a model folder's safetensors files."""
-    from safetensors.torch import load_file
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    for f in files:
-        yield from load_file(f).items()
-
-
-def evaluate_policy(
-    model_dir: str | Path,
-    splits: dict[str, list[str]],
-    rollout: RolloutConfig,
-    num_engines: int = 2,
-    env_workers: int = 2,
-    engine_kwargs: dict | None = None,
-    sampled: dict[str, tuple[float, int, int]] | None = None,
-) -> dict[str, Any]:
-    """Skill-free episodes of `model_dir` on each split's games (needs Ray); see
-    `evaluate_policies`."""
-    (result,) = evaluate_policies(
-        [model_dir], splits, rollout, num_engines, env_workers, engine_kwargs, sampled
-    )
-    return result
-
-
 def evaluate_policies(
     model_dirs: Sequence[str | Path],
     splits: dict[str, list[str]],
@@ -85,6 +57,7 @@ def evaluate_policies(
 
     from envs.alfworld_env import game_family
     from envs.workers import EnvPool
+    from megatron_seed.models.convert import HFCheckpoint
     from megatron_seed.rollout.agent_loop import AgentLoop, Task
     from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.rollout.fleet import Fleet
@@ -97,7 +70,8 @@ def evaluate_policies(
         loop = AgentLoop(fleet, pool, tokenizer, rollout)
         for i, model_dir in enumerate(model_dirs):
             if i:
-                fleet.update_weights(hf_weights(model_dir))
+                ckpt = HFCheckpoint(model_dir)
+                fleet.update_weights((name, ckpt.get(name)) for name in ckpt.names())
             result = {}
             for split, games in splits.items():
                 temperature, n, seed = (sampled or {}).get(split, (0.0, 1, 0))
