@@ -41,6 +41,10 @@ class AlgoConfig:
     teacher_mode: Literal["live", "snapshot"] = "live"
     # False turns SEED into plain GRPO (no analyzer, no teacher pass).
     use_opd: bool = True
+    # How L_rl averages: over all action tokens of the batch (the paper's masked token mean)
+    # or over sequences, each the mean of its own tokens (a long failure weighs no more
+    # than a short success).
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class OptimConfig:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     mini_batches_per_update: int = 1
+    # passes over each update's batch (PPO epochs); every pass steps once per mini-batch
+    epochs_per_update: int = 1
     micro_batch_size: int = 1
 
 

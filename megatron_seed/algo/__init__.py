@@ -11,6 +11,7 @@ from megatron_seed.algo.losses import (
     opd_loss,
     policy_loss,
     seed_loss,
+    sequence_weights,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "opd_loss",
     "policy_loss",
     "seed_loss",
+    "sequence_weights",
 ]

@@ -43,6 +43,10 @@ Where this departs from the paper (SEED, Sec. 3.3, Algorithm 1):
      (inf, nan) can neither leak into the value nor produce NaN gradients.
   5. Clip fraction counts tokens whose clipped branch is strictly active (the min picks the
      clipped term, so the token's gradient is zero), as verl's ``pg_clipfrac``.
+
+Option (default off): ``AlgoConfig.loss_agg = "seq_mean_token_mean"`` averages L_rl over
+sequences, each the mean of its own tokens (verl's loss_agg_mode of that name), by scaling
+each row's advantage (`sequence_weights`); KL and L_opd keep the token mean.
 """
 
 from __future__ import annotations
@@ -217,6 +221,16 @@ def _opd_stats(
         "opd/delta_mean": _masked(delta, opd_tokens).sum() / denom,
         "opd/frac_delta_pos": ((delta > 0) & opd_tokens).sum().float() / denom,
     }
+
+
+def sequence_weights(mask: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+    """Per-row factors that turn L_rl's token mean into a mean over sequences of each
+    sequence's token mean. The clipped term is positively homogeneous in A, so scaling row
+    r's advantage by N / (R n_r) (N tokens and R non-empty rows in the mini-batch, n_r in
+    row r) gives exactly (1/R) sum_r (1/n_r) sum_t min(rho A, clip(rho) A)."""
+    per_row = mask.sum(-1).float()  # [m]
+    rows = (per_row > 0).sum().float()
+    return torch.where(per_row > 0, num_tokens / (rows * per_row.clamp(min=1.0)), 0.0)
 
 
 def seed_loss(

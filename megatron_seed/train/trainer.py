@@ -5,7 +5,7 @@ Per update (Algorithm 1, lines 9-14), for the PolicyBatch of B sequences:
   1. old   = log pi_theta_old(a | h)      current weights before the update, no grad
      ref   = log pi_ref(a | h)            the frozen reference model, no grad
      teach = log pi_theta(a | H(h, s))    `snapshot`: here, once, with theta_old
-  2. for each mini-batch (cfg.optim.mini_batches_per_update):
+  2. for each epoch (cfg.optim.epochs_per_update) and mini-batch (mini_batches_per_update):
        `live`: teach = log pi_theta(a | H(h, s)) with the current weights, no grad
        forward/backward of seed_loss over micro-batches, Adam step with grad clipping
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_seed.algo import seed_loss
+from megatron_seed.algo import seed_loss, sequence_weights
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TokenBatch, align_teacher
 from megatron_seed.models.convert import HFCheckpoint, load_hf_weights
@@ -180,7 +180,13 @@ class SeedTrainer:
         if pb.rows % k:
             raise ValueError(f"{pb.rows} rows do not split into {k} mini-batches")
         totals: dict[str, float] = {}
-        for mini in all_rows.chunk(k):
+        if self.cfg.optim.epochs_per_update < 1:
+            raise ValueError(
+                f"epochs_per_update must be >= 1, got {self.cfg.optim.epochs_per_update}"
+            )
+        steps = k * self.cfg.optim.epochs_per_update
+        minis = [m for _ in range(self.cfg.optim.epochs_per_update) for m in all_rows.chunk(k)]
+        for mini in minis:
             teacher = None
             if use_opd:
                 teacher = (
@@ -190,7 +196,7 @@ class SeedTrainer:
                 pb, mini, old[mini], None if ref is None else ref[mini], teacher
             )
             for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value / k
+                totals[key] = totals.get(key, 0.0) + value / steps
         self.state.step += 1
         return totals
 
@@ -200,6 +206,9 @@ class SeedTrainer:
         has = pb.has_teacher[mini]  # [m]
         num_tokens = mask.sum().float()
         num_opd = (mask & has[:, None]).sum().float()
+        adv = pb.advantages[mini]  # [m]
+        if self.cfg.algo.loss_agg == "seq_mean_token_mean":
+            adv = adv * sequence_weights(mask, num_tokens)
         tensors = {
             "input_ids": student.input_ids,
             "labels": student.labels,
@@ -207,7 +216,7 @@ class SeedTrainer:
             "old": old,
             "ref": old if ref is None else ref,
             "teacher": old if teacher is None else teacher,
-            "adv": pb.advantages[mini],
+            "adv": adv,
             "opd_mask": has,
         }
         local = self._local_rows(tensors)

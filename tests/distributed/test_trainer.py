@@ -106,3 +106,16 @@ def test_opd_lowers_its_loss_and_grpo_raises_the_winner(tiny):
     assert adv[winner] > 0 and after[winner] > before[winner] + 0.1
     losers = adv < 0
     assert bool((after[losers] < before[losers]).all())
+
+
+def test_epochs_per_update_repeat_the_batch_against_theta_old(tiny):
+    """Two epochs over a batch equal one epoch over the batch written twice (two
+    mini-batches): the second pass steps again with ratios against theta_old, not anew."""
+    hf, tok = tiny
+    out = spawn(workers.epochs_match_repeated_batch, 1, hf, tok, CFG)[0]
+    (m_epochs, lp_epochs), (m_minis, lp_minis) = out["epochs"], out["minis"]
+    mask = out["mask"]
+    assert float((lp_epochs - out["before"])[mask].abs().max()) > 1e-3  # it trained
+    assert float((lp_epochs - lp_minis)[mask].abs().max()) <= 1e-5
+    for key in ("loss/total", "loss/policy", "loss/opd", "kl", "clip_frac"):
+        assert abs(m_epochs[key] - m_minis[key]) <= 1e-5 * abs(m_minis[key]) + 1e-7, key

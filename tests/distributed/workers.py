@@ -94,3 +94,42 @@ def _with_rewards(records, rewards):
         r.group_id = "g0"
         out.append(r)
     return out
+
+
+def epochs_match_repeated_batch(hf_dir, tok_dir, cfg):
+    """`epochs_per_update=2` on a batch vs one epoch of two mini-batches over the batch
+    written twice: the same Adam steps on the same rows against the same theta_old."""
+    import dataclasses
+
+    from megatron_seed.train.batch import PolicyBatch, select_rows
+    from megatron_seed.train.trainer import SeedTrainer
+
+    two_epochs = dataclasses.replace(
+        cfg, optim=dataclasses.replace(cfg.optim, epochs_per_update=2, mini_batches_per_update=1)
+    )
+    trainer, _, pb = _setup(
+        hf_dir, tok_dir, 1, 1, two_epochs, groups=2, group_size=2, turns=3, valid_skill_every=2
+    )
+    metrics_epochs = trainer.train_step(pb)
+    after_epochs = trainer.score(pb.student)
+
+    idx = torch.cat([torch.arange(pb.rows), torch.arange(pb.rows)])
+    teacher_row = torch.cumsum(pb.has_teacher.long(), 0) - 1
+    twice = PolicyBatch(
+        student=select_rows(pb.student, idx),
+        teacher=select_rows(pb.teacher, teacher_row[idx][pb.has_teacher[idx]]),
+        has_teacher=pb.has_teacher[idx],
+        advantages=pb.advantages[idx],
+        record_index=pb.record_index[idx],
+    )
+    two_minis = dataclasses.replace(
+        cfg, optim=dataclasses.replace(cfg.optim, epochs_per_update=1, mini_batches_per_update=2)
+    )
+    other = SeedTrainer(two_minis, hf_dir)
+    metrics_minis = other.train_step(twice)
+    return {
+        "epochs": (metrics_epochs, after_epochs),
+        "minis": (metrics_minis, other.score(pb.student)),
+        "before": SeedTrainer(two_minis, hf_dir).score(pb.student),
+        "mask": pb.student.loss_mask,
+    }
