@@ -127,7 +127,7 @@ class BasePolicySettings:
             families=("pick",),
             noisy_per_game=8,
             hinted_per_game=2,
-            analysis_per_game=2,
+            analysis_per_game=8,  # 2 gave 0-8 % valid skills in Stage 2; 8 gives the format
             train_steps=200,
             seed=seed,
         )

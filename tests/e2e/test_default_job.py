@@ -1,7 +1,7 @@
 """`seed run --quick` end to end: games, base policy, Stage 1, Stage 2 (SEED), evaluation,
 report; then a rerun that resumes from the finished phases instead of redoing them.
 
-Marked slow: the whole quick job runs (about 5 minutes on 2 cores).
+Marked slow: the whole quick job runs (about 9 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -70,6 +70,19 @@ def test_stage2_trained_the_policy_it_evaluates(quick_run):
     episodes = {r["train"]["episodes"] for r in evaluations.values()}
     assert episodes == {6 * 8}  # 6 training games x 8 sampled episodes
     assert all(r["train"]["decoding"] == "T=1, 8 per game" for r in evaluations.values())
+
+
+def test_trained_policy_beats_the_base_on_its_training_games(quick_run):
+    """SEED's policy wins its Stage-2 games more often than the base policy it started
+    from (measured 27.1 % -> 45.8 % for seed 0; the runs are deterministic per seed)."""
+    out, _, _ = quick_run
+    evaluations = json.loads((out / "eval.json").read_text())
+    base = evaluations["Base (Vanilla)"]["train"]["success"]
+    seed = evaluations["SEED"]["train"]["success"]
+    assert seed > base, (base, seed)
+    rows = [json.loads(x) for x in (out / "stage2" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["skill/valid_rate"] for r in rows) > 0.2  # OPD had skills to work with
+    assert max(r["train/opd/token_frac"] for r in rows) > 0.1
 
 
 def test_rerun_resumes_without_redoing_phases(quick_run):
