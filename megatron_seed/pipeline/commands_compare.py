@@ -14,6 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
+from megatron_seed.pipeline.default_job import METHODS
 from megatron_seed.pipeline.evaluate import FAMILY_COLUMNS
 
 
@@ -21,7 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=["seed", "grpo"], choices=["seed", "grpo"])
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["seed", "grpo"],
+        choices=list(METHODS),
+        help="seed, grpo, and the paper's Table 2 ablations: no-sft, no-opd, static-skills",
+    )
     parser.add_argument("--out", default="runs/compare")
 
 
@@ -61,7 +68,7 @@ def phase_seconds(metrics_path: Path) -> dict[str, float]:
 
 def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
     """Per-phase seconds per update (mean over seeds of each run's median) and the ratio of
-    each method's update time to the last method's (GRPO by default)."""
+    each method's update time to GRPO's (to the last method's when GRPO did not run)."""
     methods = list(seconds)
     mean = {
         m: {p: statistics.fmean(run[p] for run in runs) for p in PHASES}
@@ -71,8 +78,8 @@ def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
     lines = [head, "| --- |" + " ---: |" * len(methods)]
     for phase in PHASES:
         lines.append(f"| {phase} | " + " | ".join(f"{mean[m][phase]:.2f}" for m in methods) + " |")
-    ref = methods[-1]
-    for m in methods[:-1]:
+    ref = "GRPO" if "GRPO" in methods else methods[-1]
+    for m in (m for m in methods if m != ref):
         ratio = mean[m]["update"] / max(mean[ref]["update"], 1e-9)
         lines.append(f"\n{m} update time / {ref} update time: **{ratio:.2f}x**")
     return "\n".join(lines)
@@ -97,14 +104,15 @@ def run(args: argparse.Namespace) -> int:
                 games_dir=out / f"games-seed{seed}",
             )
             evals = job["evaluations"]
-            trained = evals["SEED" if method == "seed" else "GRPO"]
-            results.setdefault(method.upper(), []).append(trained)
+            label = METHODS[method].label
+            results.setdefault(label, []).append(evals[label])
             metrics = out / f"{method}-seed{seed}" / "stage2" / "metrics.jsonl"
-            seconds.setdefault(method.upper(), []).append(phase_seconds(metrics))
+            seconds.setdefault(label, []).append(phase_seconds(metrics))
             if method == args.methods[0]:
                 baseline.append(evals["Base (Vanilla)"])
     results = {"Base (Vanilla)": baseline, **results}
-    lines = [f"# SEED vs GRPO ({'quick' if args.quick else 'full'} size, seeds {args.seeds})", ""]
+    title = " vs ".join(results)
+    lines = [f"# {title} ({'quick' if args.quick else 'full'} size, seeds {args.seeds})", ""]
     for split in ("seen", "unseen", "train"):
         lines += [f"## {split}", "", compare_table(results, split), ""]
     lines += ["## seconds per Stage-2 update (median over updates 2..)", ""]

@@ -1,4 +1,7 @@
-"""`seed run [--quick] [--out runs/default] [--seed S] [--algo seed|grpo]`: the default job.
+"""`seed run [--quick] [--out runs/default] [--seed S] [--algo A]`: the default job.
+
+`--algo`: seed (default), grpo, or one of the paper's Table 2 ablations (no-sft, no-opd,
+static-skills; see `default_job.METHODS`).
 
 Everything goes under one output folder; re-running the same command resumes.
 """
@@ -7,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 
+from megatron_seed.pipeline.default_job import METHODS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     parser.add_argument("--quick", action="store_true", help="a smaller run (about 9 minutes)")
     parser.add_argument("--out", default=None, help="output folder (default runs/default[-quick])")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--algo", choices=["seed", "grpo"], default="seed")
+    parser.add_argument("--algo", choices=list(METHODS), default="seed")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,6 +80,33 @@ QUICK = JobSize(
 EVAL_SEED = 1234  # sampled evaluation draws: the same for every model of a run
 
 
+@dataclass(frozen=True)
+class Method:
+    """What one trained model of `seed run` / `seed compare` goes through."""
+
+    label: str  # its row in the report
+    stage1: bool  # Stage-1 hindsight-skill SFT before Stage 2
+    use_opd: bool  # the OPD term in Stage 2
+    static_skills: bool = False  # teacher skills from the Stage-1 library, not the policy
+
+
+METHODS = {
+    "seed": Method("SEED", stage1=True, use_opd=True),
+    "grpo": Method("GRPO", stage1=False, use_opd=False),
+    # the paper's Table 2 ablations
+    "no-sft": Method("w/o Hindsight Skill SFT", stage1=False, use_opd=True),
+    "no-opd": Method("w/o Self-Evolving OPD", stage1=True, use_opd=False),
+    "static-skills": Method("w/o On-Policy Skill", stage1=True, use_opd=True, static_skills=True),
+}
+
+
+def method_of(algo: str) -> Method:
+    """The method named `algo`; a clear error for an unknown name."""
+    if algo not in METHODS:
+        raise ValueError(f"unknown algorithm {algo!r}; choose one of {sorted(METHODS)}")
+    return METHODS[algo]
+
+
 def job_config(size: JobSize, algo: str = "seed", seed: int = 0) -> SeedConfig:
     """The default job's config: the paper's hyperparameters except where noted."""
     return SeedConfig(
@@ -101,7 +128,7 @@ def job_config(size: JobSize, algo: str = "seed", seed: int = 0) -> SeedConfig:
         optim=OptimConfig(lr=5e-4, mini_batches_per_update=1, micro_batch_size=8),
         # sequence mean: a 15-step failure's tokens (mostly what followed a bad sample) no
         # longer outweigh a 6-step success's
-        algo=AlgoConfig(use_opd=algo != "grpo", loss_agg="seq_mean_token_mean"),
+        algo=AlgoConfig(use_opd=method_of(algo).use_opd, loss_agg="seq_mean_token_mean"),
         updates=size.updates,
         sft_epochs=3,
         sft_lr=2e-4,  # tiny model; small enough not to wash out its acting
@@ -167,8 +194,7 @@ def run_default_job(
     from megatron_seed.pipeline.base_policy import build_base_policy, read_manifest
     from megatron_seed.pipeline.report import write_report
 
-    if algo not in ("seed", "grpo"):
-        raise ValueError(f"unknown algorithm {algo!r}; choose seed or grpo")
+    method = method_of(algo)
     size = QUICK if quick else FULL
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,14 +214,15 @@ def run_default_job(
     engine = {"max_model_len": 4096}
     address = _ray_init()
     init = base
-    if algo == "seed":
+    if method.stage1:
         init = _stage1(out, base, games["train"][: size.stage1_tasks], size, cfg, engine)
         facts["stage1"] = _progress(out)["sft"]
-    final = _stage2(out, init, games["train"], cfg, engine, address)
+    library = skill_library(out / "stage1" / "annotated.jsonl") if method.static_skills else None
+    final = _stage2(out, init, games["train"], cfg, engine, address, library)
     models = {"Base (Vanilla)": base}
-    if algo == "seed":
+    if method.stage1:
         models["Stage-1 SFT"] = init
-    models["SEED" if algo == "seed" else "GRPO"] = final
+    models[method.label] = final
     evaluations = _evaluate(out, models, games, size, cfg, engine)
     (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
     if "wall_minutes" not in _progress(out):  # the run that finished the job, not a rerun
@@ -248,10 +275,31 @@ def _stage1(
     return sft_dir / "hf"
 
 
+def skill_library(annotated: Path) -> dict[str, str]:
+    """The static offline skill library of the ``static-skills`` ablation: per game, the
+    first valid Stage-1 skill, preferring one written for a successful episode."""
+    from megatron_seed.data import read_jsonl
+
+    library: dict[str, str] = {}
+    records = [r for r in read_jsonl(annotated) if r.skill_valid and r.skill]
+    for record in sorted(records, key=lambda r: not r.won):  # stable: successes first
+        library.setdefault(record.game, record.skill)
+    if not library:
+        raise ValueError(f"{annotated} holds no valid skill to build a skill library from")
+    return library
+
+
 def _stage2(
-    out: Path, init: Path, games: list[str], cfg: SeedConfig, engine: dict, address: str
+    out: Path,
+    init: Path,
+    games: list[str],
+    cfg: SeedConfig,
+    engine: dict,
+    address: str,
+    library: dict[str, str] | None = None,
 ) -> Path:
-    """SEED (or GRPO) updates with the fleet and the Megatron trainer -> final HF folder."""
+    """SEED (or GRPO, or an ablation) updates with the fleet and the Megatron trainer ->
+    the final HF folder."""
     from megatron_seed.models.parallel import spawn
     from megatron_seed.pipeline.stage2 import Stage2Job, run_stage2
 
@@ -262,6 +310,7 @@ def _stage2(
         cfg=cfg,
         ray_address=address,
         engine_kwargs=engine,
+        skill_library=library,
     )
     if not _progress(out).get("stage2"):
         spawn(run_stage2, 1, job)

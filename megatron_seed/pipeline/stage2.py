@@ -48,6 +48,8 @@ class Stage2Job:
     eval_every: int = 0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     sync_bucket_bytes: int = 64 << 20
+    # game -> skill: a static offline library used instead of on-policy skills (ablation)
+    skill_library: dict[str, str] | None = None
 
 
 def _rank() -> int:
@@ -136,6 +138,16 @@ def _analyze(side: RolloutSide, records: list[TrajectoryRecord]) -> dict[str, fl
     return analyze_records(side.fleet, side.tokenizer, records, cfg, max_prompt_tokens=limit)
 
 
+def library_skills(records: list[TrajectoryRecord], library: dict[str, str]) -> dict[str, float]:
+    """The ``static-skills`` ablation's analyze phase: each trajectory's skill is its game's
+    entry in a fixed library (fills record.skill / skill_valid; no analyzer call)."""
+    for record in records:
+        record.skill = library.get(record.game)
+        record.skill_valid = record.skill is not None
+    valid = sum(r.skill_valid for r in records)
+    return {"skill/n": float(len(records)), "skill/valid_rate": valid / max(1, len(records))}
+
+
 def _sync(trainer: Any, side: RolloutSide | None, job: Stage2Job) -> dict[str, float]:
     """Stream theta into every engine (a collective over trainer ranks; rank 0 sends)."""
     from megatron_seed.models.convert import export_hf_weights
@@ -211,7 +223,10 @@ def run_stage2(job: Stage2Job, fleet: Any = None, pool: Any = None) -> list[dict
                 )
                 if cfg.algo.use_opd:
                     with timer.time("analyze"):
-                        metrics.update(_analyze(side, records))
+                        if job.skill_library is not None:
+                            metrics.update(library_skills(records, job.skill_library))
+                        else:
+                            metrics.update(_analyze(side, records))
                 write_jsonl(
                     records, out / "trajectories" / f"update_{trainer.state.step:05d}.jsonl"
                 )

@@ -1,0 +1,87 @@
+"""The default job's methods (SEED, GRPO, the paper's Table 2 ablations), the static skill
+library of the `static-skills` ablation, and `seed compare`'s time table."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_seed.data import TrajectoryRecord, write_jsonl
+from megatron_seed.data.records import Turn
+from megatron_seed.pipeline.commands_compare import time_table
+from megatron_seed.pipeline.default_job import (
+    METHODS,
+    QUICK,
+    job_config,
+    method_of,
+    skill_library,
+)
+from megatron_seed.pipeline.stage2 import library_skills
+
+
+def _record(game: str, won: bool, skill: str | None, valid: bool) -> TrajectoryRecord:
+    turn = Turn(observation="obs", action="<action>look</action>", action_ids=[5], logprobs=[-1.0])
+    return TrajectoryRecord(
+        task_id=game,
+        group_id=game,
+        game=game,
+        family="pick",
+        turns=[turn],
+        reward=float(won),
+        won=won,
+        skill=skill,
+        skill_valid=valid,
+    )
+
+
+def test_methods_decide_stage1_and_opd():
+    assert {m: (v.stage1, v.use_opd, v.static_skills) for m, v in METHODS.items()} == {
+        "seed": (True, True, False),
+        "grpo": (False, False, False),
+        "no-sft": (False, True, False),
+        "no-opd": (True, False, False),
+        "static-skills": (True, True, True),
+    }
+    assert job_config(QUICK, "no-opd").algo.use_opd is False
+    assert job_config(QUICK, "no-sft").algo.use_opd is True
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'"):
+        method_of("ppo")
+
+
+def test_skill_library_prefers_a_success_and_skips_invalid_skills(tmp_path):
+    path = tmp_path / "annotated.jsonl"
+    write_jsonl(
+        [
+            _record("g1", False, "Avoid going back to the same drawer twice.", True),
+            _record("g1", True, "Workflow: go to drawer 2, take the mug, then move it.", True),
+            _record("g2", True, "broken", False),
+            _record("g3", False, "Avoid placing the mug before cleaning it first.", True),
+        ],
+        path,
+    )
+    assert skill_library(path) == {
+        "g1": "Workflow: go to drawer 2, take the mug, then move it.",
+        "g3": "Avoid placing the mug before cleaning it first.",
+    }
+    write_jsonl([_record("g2", True, "broken", False)], path)
+    with pytest.raises(ValueError, match="no valid skill"):
+        skill_library(path)
+
+
+def test_library_skills_replace_the_analyzer():
+    records = [_record("g1", True, None, False), _record("g9", False, "stale", True)]
+    metrics = library_skills(records, {"g1": "Workflow: take the mug to the table first."})
+    assert records[0].skill.startswith("Workflow") and records[0].has_teacher
+    assert records[1].skill is None and not records[1].has_teacher  # no entry: no teacher
+    assert metrics == {"skill/n": 2.0, "skill/valid_rate": 0.5}
+
+
+def test_time_table_divides_by_grpo_whatever_the_order():
+    run = {"sync": 0.0, "rollout": 5.0, "analyze": 0.0, "train": 3.0, "update": 8.0}
+    seconds = {
+        "SEED": [{**run, "analyze": 2.0, "update": 10.0}],
+        "GRPO": [run],
+        "w/o Self-Evolving OPD": [{**run, "update": 6.0}],
+    }
+    table = time_table(seconds)
+    assert "SEED update time / GRPO update time: **1.25x**" in table
+    assert "w/o Self-Evolving OPD update time / GRPO update time: **0.75x**" in table
