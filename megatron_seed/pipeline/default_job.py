@@ -287,7 +287,7 @@ def skill_library(annotated: Path) -> dict[str, str]:
     from megatron_seed.data import read_jsonl
 
     library: dict[str, str] = {}
-    records = [r for r in read_jsonl(annotated) if r.skill_valid and r.skill]
+    records = [r for r in read_jsonl(annotated) if r.has_teacher]
     for record in sorted(records, key=lambda r: not r.won):  # stable: successes first
         library.setdefault(record.game, record.skill)
     if not library:

@@ -72,6 +72,8 @@ class SeedTrainer:
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        if cfg.optim.epochs_per_update < 1:
+            raise ValueError(f"epochs_per_update must be >= 1, got {cfg.optim.epochs_per_update}")
         self.cfg = cfg
         ckpt = HFCheckpoint(hf_dir)
         self.spec: QwenSpec = ckpt.spec
@@ -180,12 +182,7 @@ class SeedTrainer:
         if pb.rows % k:
             raise ValueError(f"{pb.rows} rows do not split into {k} mini-batches")
         totals: dict[str, float] = {}
-        if self.cfg.optim.epochs_per_update < 1:
-            raise ValueError(
-                f"epochs_per_update must be >= 1, got {self.cfg.optim.epochs_per_update}"
-            )
-        steps = k * self.cfg.optim.epochs_per_update
-        minis = [m for _ in range(self.cfg.optim.epochs_per_update) for m in all_rows.chunk(k)]
+        minis = all_rows.chunk(k) * self.cfg.optim.epochs_per_update
         for mini in minis:
             teacher = None
             if use_opd:
@@ -196,7 +193,7 @@ class SeedTrainer:
                 pb, mini, old[mini], None if ref is None else ref[mini], teacher
             )
             for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value / steps
+                totals[key] = totals.get(key, 0.0) + value / len(minis)
         self.state.step += 1
         return totals
 
