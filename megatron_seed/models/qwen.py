@@ -10,6 +10,7 @@ with TE imported only there.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,9 +178,15 @@ def layer_spec(spec: QwenSpec, use_te: bool) -> Any:
 
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
-    return gpt_layer_specs.get_gpt_layer_local_spec(
-        qk_layernorm=spec.qk_norm, normalization="RMSNorm"
+    from megatron_seed.models.attention import SdpaDotProductAttention
+
+    local = copy.deepcopy(  # a private copy: the spec may be shared by other callers
+        gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     )
+    # torch's fused causal attention instead of the [b, heads, s, s] score matrix: 2-4x
+    # faster forward + backward on CPU at 512-2048 tokens, same parameters (models.attention)
+    local.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention
+    return local
 
 
 def build_gpt_model(

@@ -133,3 +133,62 @@ def epochs_match_repeated_batch(hf_dir, tok_dir, cfg):
         "before": SeedTrainer(two_minis, hf_dir).score(pb.student),
         "mask": pb.student.loss_mask,
     }
+
+
+def attention_paths_agree(hf_dir, tp, seq):
+    """The same Megatron model built with Megatron's DotProductAttention and with
+    SdpaDotProductAttention (same weights): max |NLL diff|, max |grad diff| over all
+    parameters, and how many layers took the fused path."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from megatron_seed.models import qwen
+    from megatron_seed.models.attention import SdpaDotProductAttention
+    from megatron_seed.models.logprobs import model_forward, shifted_labels
+    from megatron_seed.models.parallel import init_parallel
+
+    init_parallel(tp, 1)
+    spec = qwen.QwenSpec.from_pretrained(hf_dir)
+    local = qwen.layer_spec(spec, use_te=False)
+    assert local.submodules.self_attention.submodules.core_attention is SdpaDotProductAttention
+    fused_calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        fused_calls.append(1)
+        return original(*args, **kwargs)
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, spec.vocab_size, (3, seq))
+    batch = {"input_ids": ids, "labels": shifted_labels(ids)}
+    outputs, weights = {}, None
+    for cls in (DotProductAttention, SdpaDotProductAttention):
+        layers = qwen.layer_spec(spec, use_te=False)
+        layers.submodules.self_attention.submodules.core_attention = cls
+        model = GPTModel(
+            config=qwen.transformer_config(spec, tp, 1, "fp32", None),
+            transformer_layer_spec=layers,
+            vocab_size=spec.vocab_size,
+            max_sequence_length=spec.max_position_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(spec.rope_theta),
+            share_embeddings_and_output_weights=spec.tie_word_embeddings,
+        )
+        if weights is None:
+            weights = model.state_dict()
+        model.load_state_dict(weights)
+        torch.nn.functional.scaled_dot_product_attention = counting
+        try:
+            nll = model_forward(model, batch)
+            (nll * torch.linspace(0.5, 1.5, seq)).sum().backward()
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = original
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        outputs[cls.__name__] = (nll.detach(), grads)
+    (nll_a, grads_a), (nll_b, grads_b) = outputs.values()
+    return {
+        "nll_diff": (nll_a - nll_b).abs().max().item(),
+        "grad_diff": max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a),
+        "grad_scale": max(g.abs().max().item() for g in grads_a.values()),
+        "fused_calls": len(fused_calls),
+    }
