@@ -171,6 +171,32 @@ def _games(root: Path, size: JobSize, seed: int) -> dict[str, list[str]]:
     return {s: [str(g) for g in find_games(root, s)] for s in ("train", "seen", "unseen")}
 
 
+class JobFleet:
+    """The job's one fleet of vLLM engines, started when a phase first needs it and shared
+    by Stage 1, Stage 2 (another process; it connects by address) and the evaluation: each
+    phase loads its own weights, so the engines start once (they are most of a phase's
+    fixed cost on 2 cores)."""
+
+    def __init__(self, model_dir: Path, engine_kwargs: dict[str, Any]) -> None:
+        self.model_dir, self.engine_kwargs = model_dir, engine_kwargs
+        self._fleet: Any = None
+
+    def get(self) -> Any:
+        """The running fleet (started on the first call)."""
+        if self._fleet is None:
+            from megatron_seed.rollout.fleet import Fleet
+
+            _ray_init()
+            self._fleet = Fleet(str(self.model_dir), 2, engine_kwargs=self.engine_kwargs)
+        return self._fleet
+
+    def close(self) -> None:
+        """Stop the engines (if they were started)."""
+        if self._fleet is not None:
+            self._fleet.close()
+            self._fleet = None
+
+
 def _ray_init() -> str:
     import ray
 
@@ -217,19 +243,23 @@ def run_default_job(
     base = build_base_policy(base_root, quick=quick, seed=seed, games_dir=games_root, measure=False)
     facts: dict[str, Any] = {"size": size.name, "algorithm": algo, "seed": seed}
     facts["base_policy"] = _base_facts(read_manifest(base_root))
-    engine = {"max_model_len": 4096}
-    address = _ray_init()
-    init = base
-    if method.stage1:
-        init = _stage1(out, base, games["train"][: size.stage1_tasks], size, cfg, engine)
-        facts["stage1"] = _progress(out)["sft"]
-    library = skill_library(out / "stage1" / "annotated.jsonl") if method.static_skills else None
-    final = _stage2(out, init, games["train"], cfg, engine, address, library)
-    models = {"Base (Vanilla)": base}
-    if method.stage1:
-        models["Stage-1 SFT"] = init
-    models[method.label] = final
-    evaluations = _evaluate(out, models, games, size, cfg, engine)
+    fleet = JobFleet(base, {"max_model_len": 4096})
+    try:
+        init = base
+        if method.stage1:
+            init = _stage1(out, base, games["train"][: size.stage1_tasks], size, cfg, fleet)
+            facts["stage1"] = _progress(out)["sft"]
+        library = (
+            skill_library(out / "stage1" / "annotated.jsonl") if method.static_skills else None
+        )
+        final = _stage2(out, init, games["train"], cfg, fleet, library)
+        models = {"Base (Vanilla)": base}
+        if method.stage1:
+            models["Stage-1 SFT"] = init
+        models[method.label] = final
+        evaluations = _evaluate(out, models, games, size, cfg, fleet)
+    finally:
+        fleet.close()
     (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
     if "wall_minutes" not in _progress(out):  # the run that finished the job, not a rerun
         _mark(out, "wall_minutes", round((time.time() - t0) / 60, 1))
@@ -252,7 +282,7 @@ def _base_facts(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stage1(
-    out: Path, base: Path, games: list[str], size: JobSize, cfg: SeedConfig, engine: dict
+    out: Path, base: Path, games: list[str], size: JobSize, cfg: SeedConfig, fleet: JobFleet
 ) -> Path:
     """Collect K0 rollouts per task, annotate with the embedded analyzer, SFT -> theta_sft."""
     from megatron_seed.data import write_jsonl
@@ -262,7 +292,7 @@ def _stage1(
     if _progress(out).get("sft"):
         return sft_dir / "hf"
     trajectories = out / "stage1" / "trajectories.jsonl"
-    records = stage1.collect(base, games, size.k0, trajectories, cfg, engine_kwargs=engine)
+    records = stage1.collect(base, games, size.k0, trajectories, cfg, fleet=fleet.get())
     annotated, am = stage1.annotate_embedded(records, cfg)
     write_jsonl(annotated, out / "stage1" / "annotated.jsonl")
     result = stage1.run_sft(base, annotated, sft_dir, cfg)
@@ -300,8 +330,7 @@ def _stage2(
     init: Path,
     games: list[str],
     cfg: SeedConfig,
-    engine: dict,
-    address: str,
+    fleet: JobFleet,
     library: dict[str, str] | None = None,
 ) -> Path:
     """SEED (or GRPO, or an ablation) updates with the fleet and the Megatron trainer ->
@@ -309,16 +338,16 @@ def _stage2(
     from megatron_seed.models.parallel import spawn
     from megatron_seed.pipeline.stage2 import Stage2Job, run_stage2
 
-    job = Stage2Job(
-        model_dir=str(init),
-        games=games,
-        out_dir=str(out / "stage2"),
-        cfg=cfg,
-        ray_address=address,
-        engine_kwargs=engine,
-        skill_library=library,
-    )
     if not _progress(out).get("stage2"):
+        job = Stage2Job(
+            model_dir=str(init),
+            games=games,
+            out_dir=str(out / "stage2"),
+            cfg=cfg,
+            ray_address=_ray_init(),
+            fleet_address=fleet.get().address,
+            skill_library=library,
+        )
         spawn(run_stage2, 1, job)
         _mark(out, "stage2")
     return out / "stage2" / "final_hf"
@@ -330,7 +359,7 @@ def _evaluate(
     games: dict[str, list[str]],
     size: JobSize,
     cfg: SeedConfig,
-    engine: dict,
+    fleet: JobFleet,
 ) -> dict[str, Any]:
     """Every model without skills: greedy on seen and unseen, sampled on the training games."""
     from megatron_seed.pipeline.evaluate import evaluate_policies
@@ -341,7 +370,7 @@ def _evaluate(
         splits = {"seen": games["seen"], "unseen": games["unseen"], "train": games["train"]}
         sampled = {"train": (cfg.rollout.temperature, size.train_eval_episodes, EVAL_SEED)}
         results = evaluate_policies(
-            [models[n] for n in todo], splits, cfg.rollout, engine_kwargs=engine, sampled=sampled
+            [models[n] for n in todo], splits, cfg.rollout, sampled=sampled, fleet=fleet.get()
         )
         evaluations.update(zip(todo, results, strict=True))
         _mark(out, "evaluate", evaluations)

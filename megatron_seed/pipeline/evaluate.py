@@ -45,6 +45,7 @@ def evaluate_policies(
     env_workers: int = 2,
     engine_kwargs: dict | None = None,
     sampled: dict[str, tuple[float, int, int]] | None = None,
+    fleet: Any = None,
 ) -> list[dict[str, Any]]:
     """Skill-free episodes of each model on each split's games, one fleet for all (the next
     model's weights are streamed into the engines; the models must share an architecture and
@@ -52,38 +53,56 @@ def evaluate_policies(
 
     Greedy, one episode per game, unless ``sampled[split] = (temperature, episodes per game,
     seed)``: then that many sampled episodes per game, the same request seeds for every
-    model (on CPU the engine's own seed: vLLM's CPU sampler cannot seed single requests)."""
+    model (on CPU, where vLLM cannot seed single requests, the engines' streams restart at
+    ``seed`` for each model and split: `Fleet.reseed`).
+
+    ``fleet``: a running `Fleet` to use (left running) instead of starting one."""
     from transformers import AutoTokenizer
 
     from envs.alfworld_env import game_family
     from envs.workers import EnvPool
-    from megatron_seed.models.convert import HFCheckpoint
     from megatron_seed.rollout.agent_loop import AgentLoop, Task
     from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.rollout.fleet import Fleet
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dirs[0]))
-    fleet = Fleet(str(model_dirs[0]), num_engines, engine_kwargs=engine_kwargs or {})
+    own_fleet = fleet is None
+    if own_fleet:
+        fleet = Fleet(str(model_dirs[0]), num_engines, engine_kwargs=engine_kwargs or {})
     pool = EnvPool(num_workers=env_workers, max_steps=rollout.max_steps)
     results = []
     try:
         loop = AgentLoop(fleet, pool, tokenizer, rollout)
         for i, model_dir in enumerate(model_dirs):
-            if i:
-                ckpt = HFCheckpoint(model_dir)
-                fleet.update_weights((name, ckpt.get(name)) for name in ckpt.names())
+            if i or not own_fleet:
+                fleet.load_model(model_dir)
             result = {}
-            for split, games in splits.items():
-                temperature, n, seed = (sampled or {}).get(split, (0.0, 1, 0))
+            # splits decoded alike play as one batch (fewer, wider generation calls)
+            for (temperature, n, seed), names in _by_decoding(splits, sampled).items():
                 spec = SamplingSpec(
                     temperature=temperature, max_tokens=rollout.max_response_tokens, seed=seed
                 )
+                fleet.reseed(seed)  # the same draws whatever ran on the fleet before
+                games = [g for name in names for g in splits[name]]
                 tasks = [Task(Path(g).name, str(g), game_family(g)) for g in games]
                 records, _ = loop.run(tasks, n, spec, update=-1)
-                result[split] = summarize(records)
-                result[split]["decoding"] = f"T={temperature:g}, {n} per game"
-            results.append(result)
+                for name in names:  # records come n per task, in task order
+                    result[name] = summarize(records[: n * len(splits[name])])
+                    result[name]["decoding"] = f"T={temperature:g}, {n} per game"
+                    records = records[n * len(splits[name]) :]
+            results.append({name: result[name] for name in splits})
         return results
     finally:
         pool.close()
-        fleet.close()
+        if own_fleet:
+            fleet.close()
+
+
+def _by_decoding(
+    splits: dict[str, list[str]], sampled: dict[str, tuple[float, int, int]] | None
+) -> dict[tuple[float, int, int], list[str]]:
+    """Split names grouped by (temperature, episodes per game, seed); greedy by default."""
+    groups: dict[tuple[float, int, int], list[str]] = {}
+    for name in splits:
+        groups.setdefault((sampled or {}).get(name, (0.0, 1, 0)), []).append(name)
+    return groups

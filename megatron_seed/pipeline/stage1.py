@@ -123,9 +123,13 @@ def collect(
     engine_kwargs: dict | None = None,
     chunk_tasks: int = 8,
     progress: bool = True,
+    fleet: Any = None,
 ) -> list[TrajectoryRecord]:
     """K0 rollouts of the base policy on each game, without skills, appended to a JSONL file
-    chunk by chunk; a rerun skips the games already collected (needs Ray)."""
+    chunk by chunk; a rerun skips the games already collected (needs Ray).
+
+    ``fleet``: a running `Fleet` to use (it is given ``model_dir``'s weights and left
+    running) instead of starting one."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -145,7 +149,11 @@ def collect(
     if not todo:
         return done
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    fleet = Fleet(str(model_dir), num_engines, engine_kwargs=engine_kwargs or {})
+    own_fleet = fleet is None
+    if own_fleet:
+        fleet = Fleet(str(model_dir), num_engines, engine_kwargs=engine_kwargs or {})
+    else:
+        fleet.load_model(model_dir)
     pool = EnvPool(num_workers=env_workers, max_steps=cfg.rollout.max_steps)
     r = cfg.rollout
     spec = SamplingSpec(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_response_tokens)
@@ -165,7 +173,8 @@ def collect(
         bar.close()
     finally:
         pool.close()
-        fleet.close()
+        if own_fleet:
+            fleet.close()
     return done
 
 

@@ -50,6 +50,9 @@ class Stage2Job:
     sync_bucket_bytes: int = 64 << 20
     # game -> skill: a static offline library used instead of on-policy skills (ablation)
     skill_library: dict[str, str] | None = None
+    # a running fleet to connect to (`Fleet.address`) instead of starting one; its engines
+    # hold other weights, so theta is synced before the first rollout
+    fleet_address: Any = None
 
 
 def _rank() -> int:
@@ -92,7 +95,10 @@ class RolloutSide:
         if fleet is None:
             from megatron_seed.rollout.fleet import Fleet
 
-            fleet = Fleet(job.model_dir, job.num_engines, engine_kwargs=job.engine_kwargs)
+            if job.fleet_address is not None:
+                fleet = Fleet.connect(job.fleet_address)  # close() leaves its engines running
+            else:
+                fleet = Fleet(job.model_dir, job.num_engines, engine_kwargs=job.engine_kwargs)
         if pool is None:
             from envs.workers import EnvPool
 
@@ -202,7 +208,8 @@ def run_stage2(job: Stage2Job, fleet: Any = None, pool: Any = None) -> list[dict
         cfg.save(out / "config.json")
     hf_config = json.loads((Path(job.model_dir) / "config.json").read_text())
     rows = []
-    need_sync = resumed is not None  # the engines start from model_dir
+    # fresh engines start from model_dir; a resumed run or a shared fleet needs theta first
+    need_sync = resumed is not None or job.fleet_address is not None
     try:
         while trainer.state.step < cfg.updates:
             timer = PhaseTimer()

@@ -105,6 +105,10 @@ class SeedWorkerExtension:
             raise RuntimeError("seed_init_weight_group must run before seed_receive_nccl")
         return self.seed_reload_weights(receive_nccl(comm, meta, nbytes))
 
+    def seed_reseed(self, seed: int) -> None:
+        """Restart the sampler's random stream (it draws for requests without a seed)."""
+        torch.manual_seed(seed)
+
     def seed_weight_checksum(self) -> float:
         """Sum of all parameters (float64): a cheap probe that two engines hold the same weights."""
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
@@ -290,6 +294,11 @@ class VLLMEngine:
     def weight_checksum(self) -> float:
         """Sum of every parameter of the (first) worker's model."""
         return float(self.llm.collective_rpc("seed_weight_checksum")[0])
+
+    def reseed(self, seed: int) -> None:
+        """Restart the random stream of unseeded sampling (every worker), as if the engine
+        had just started with ``seed``."""
+        self.llm.collective_rpc("seed_reseed", args=(seed,))
 
     # ------------------------------------------------------------------ scheduling / memory
 

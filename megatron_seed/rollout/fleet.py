@@ -124,6 +124,9 @@ class _EngineActor:
     def weight_checksum(self) -> float:
         return self.engine.weight_checksum()
 
+    def reseed(self, seed: int) -> None:
+        self.engine.reseed(seed)
+
     def pause(self) -> None:
         self.engine.pause()
 
@@ -456,6 +459,14 @@ class Fleet:
                 out[i] = r
         return out
 
+    def load_model(self, model_dir: str | os.PathLike) -> SyncStats:
+        """Every engine takes the weights of the HF folder ``model_dir`` (a model of the
+        fleet's architecture and tokenizer): one fleet serves several models in turn."""
+        from megatron_seed.models.convert import HFCheckpoint
+
+        ckpt = HFCheckpoint(model_dir)
+        return self.update_weights((name, ckpt.get(name)) for name in ckpt.names())
+
     def update_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 64 << 20
     ) -> SyncStats:
@@ -526,6 +537,12 @@ class Fleet:
             acks = self.transport.send(bucket, engines)
             ref = ray.put(flatten_bucket([(n, t.detach().cpu()) for n, t in bucket]))
         return [*acks, self._state.stage.remote(ref)]
+
+    def reseed(self, seed: int) -> None:
+        """Engine e restarts its unseeded sampling stream at ``seed + e``: what follows draws
+        as a fresh fleet would, whatever the engines sampled before (on CPU, where vLLM
+        cannot seed single requests, this is what makes an evaluation reproducible)."""
+        self._run([_Work(e, [0], "reseed", (seed + e,)) for e in range(self.num_engines)])
 
     def weight_checksums(self) -> list[float]:
         """Sum of all parameters per engine (cheap check that engines hold the same weights)."""
