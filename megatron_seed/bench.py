@@ -1,4 +1,6 @@
-"""`seed bench scoring`: what full-history scoring and the teacher pass cost.
+"""`seed bench scoring|attention`: what scoring, the teacher pass and attention cost.
+
+`scoring`:
 
 (a) 30-turn trajectories scored three ways: full history in one pass per trajectory (the
     default), per turn with the full history (one sequence per turn, the paper's h_t
@@ -6,7 +8,11 @@
     Tokens scored and wall time (no-grad forward).
 (b) One update on the same batch: GRPO (no teacher) vs SEED with `snapshot` and `live`
     teachers, interleaved rounds, medians and ratios.
-Results go to a JSON file (default bench/scoring.json) and are printed.
+`attention`: forward + backward of the same model (same weights) with the local spec's fused
+    core attention (`models.attention`) and with Megatron's `DotProductAttention`, at
+    several sequence lengths, interleaved rounds, medians, ratios and the largest NLL and
+    gradient differences.
+Results go to a JSON file (default bench/WHAT.json) and are printed.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("what", choices=["scoring"])
-    parser.add_argument("--out", default="bench/scoring.json")
+    parser.add_argument("what", choices=["scoring", "attention"])
+    parser.add_argument("--out", default=None, help="results file (default bench/WHAT.json)")
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--trajectories", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
@@ -131,6 +137,89 @@ def _bench_worker(args_dict: dict, hf_dir: str, tok_dir: str) -> dict:
     return result
 
 
+def _attention_worker(hf_dir: str, lengths: list[int], batch: int, rounds: int) -> dict:
+    """Spawned: both core attentions in one model architecture, timed side by side."""
+    import torch
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from megatron_seed.models import qwen
+    from megatron_seed.models.attention import SdpaDotProductAttention
+    from megatron_seed.models.logprobs import model_forward, shifted_labels
+    from megatron_seed.models.parallel import init_parallel
+
+    init_parallel(1, 1)
+    spec = qwen.QwenSpec.from_pretrained(hf_dir)
+    models, weights = {}, None
+    for name, cls in (("megatron", DotProductAttention), ("fused", SdpaDotProductAttention)):
+        layers = qwen.layer_spec(spec, use_te=False)
+        layers.submodules.self_attention.submodules.core_attention = cls
+        model = GPTModel(
+            config=qwen.transformer_config(spec, 1, 1, "fp32", None),
+            transformer_layer_spec=layers,
+            vocab_size=spec.vocab_size,
+            max_sequence_length=spec.max_position_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(spec.rope_theta),
+        )
+        weights = weights or model.state_dict()
+        model.load_state_dict(weights)
+        models[name] = model
+    out = {}
+    for s in lengths:
+        ids = torch.randint(
+            0, spec.vocab_size, (batch, s), generator=torch.Generator().manual_seed(s)
+        )
+        data = {"input_ids": ids, "labels": shifted_labels(ids)}
+        times: dict[str, list[float]] = {name: [] for name in models}
+        last: dict[str, tuple] = {}
+        for _ in range(rounds):
+            for name, model in models.items():  # interleaved: both see the same machine load
+                model.zero_grad(set_to_none=True)
+                t0 = time.perf_counter()
+                nll = model_forward(model, data)  # [b, s]
+                nll.mean().backward()
+                times[name].append(time.perf_counter() - t0)
+                grads = [p.grad for p in model.parameters()]
+                last[name] = (nll.detach(), grads)
+        (nll_a, g_a), (nll_b, g_b) = last["megatron"], last["fused"]
+        med = {name: statistics.median(t) for name, t in times.items()}
+        out[str(s)] = {
+            "batch": batch,
+            "megatron_s": round(med["megatron"], 4),
+            "fused_s": round(med["fused"], 4),
+            "speedup": round(med["megatron"] / med["fused"], 2),
+            "max_nll_diff": (nll_a - nll_b).abs().max().item(),
+            "max_grad_diff": max((a - b).abs().max().item() for a, b in zip(g_a, g_b, strict=True)),
+        }
+    return out
+
+
+def _run_attention(args: argparse.Namespace, work: Path) -> dict:
+    from megatron_seed.models.parallel import spawn
+    from megatron_seed.models.tiny import make_tiny_qwen
+
+    make_tiny_qwen(
+        work / "model",
+        vocab_size=1024,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=max(1, args.hidden // 128),
+        max_position_embeddings=8192,
+    )
+    lengths = [512, 1024, 2048]
+    result = spawn(_attention_worker, 1, str(work / "model"), lengths, 4, args.rounds)[0]
+    print("forward + backward, batch 4 (median of interleaved rounds)")
+    for s, r in result.items():
+        print(
+            f"  {s:>5} tokens  megatron {r['megatron_s']:6.3f} s  fused {r['fused_s']:6.3f} s  "
+            f"{r['speedup']:5.2f}x  max|dNLL| {r['max_nll_diff']:.1e}"
+        )
+    return {"attention": result}
+
+
 def run(args: argparse.Namespace) -> int:
     """Build a small model and tokenizer, run the benchmark in a fresh process, report."""
     import tempfile
@@ -141,6 +230,14 @@ def run(args: argparse.Namespace) -> int:
     from megatron_seed.train.synthetic import _WORDS
 
     work = Path(tempfile.mkdtemp(prefix="seed-bench-"))
+    out = Path(args.out or f"bench/{args.what}.json")
+    if args.what == "attention":
+        result = _run_attention(args, work)
+        result["model"] = {"hidden": args.hidden, "layers": args.layers}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+        return 0
     corpus = [" ".join(_WORDS)] * 4 + ["Your task is to: put a mug in fridge."]
     tok = build_tokenizer(corpus, 512, work / "tok")
     vocab = -(-len(tok) // 64) * 64
@@ -156,7 +253,6 @@ def run(args: argparse.Namespace) -> int:
     )
     result = spawn(_bench_worker, 1, vars(args), str(work / "model"), str(work / "tok"))[0]
     result["model"] = {"hidden": args.hidden, "layers": args.layers, "vocab": vocab}
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print("scoring (no-grad forward)")

@@ -117,7 +117,7 @@ class BasePolicySettings:
 
     @classmethod
     def for_run(cls, quick: bool, seed: int) -> BasePolicySettings:
-        """The full default, or the ``--quick`` variant (about a minute and a half)."""
+        """The full default, or the ``--quick`` variant (about a minute)."""
         if not quick:
             return cls(seed=seed)
         # the job's own few training games cloned many times over (with ``games_dir``): it

@@ -15,7 +15,7 @@ from megatron_seed.pipeline.default_job import METHODS
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("--quick", action="store_true", help="a smaller run (about 9 minutes)")
+    parser.add_argument("--quick", action="store_true", help="a smaller run (about 5 minutes)")
     parser.add_argument("--out", default=None, help="output folder (default runs/default[-quick])")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--algo", choices=list(METHODS), default="seed")

@@ -74,8 +74,11 @@ QUICK = JobSize(
     n_eval=6,
     stage1_tasks=6,
     k0=2,
-    updates=20,  # GRPO on the clone: flat for ~10 updates, +20 points by ~15 (results.md)
-    tasks_per_update=3,
+    # tasks x updates, seed 0, SEED's training-game success (base 35.4 %): 2 x 12: 47.9 %,
+    # 3 x 10: 50.0, 3 x 12: 52.1, 2 x 15: 43.8, 2 x 20: 54.2 (one seed: +-10 points);
+    # 2 x 12 keeps the whole job within 5 minutes (docs/results.md)
+    updates=12,
+    tasks_per_update=2,
     group_size=8,
     max_steps=15,
     train_eval_episodes=8,

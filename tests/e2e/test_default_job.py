@@ -1,7 +1,7 @@
 """`seed run --quick` end to end: games, base policy, Stage 1, Stage 2 (SEED), evaluation,
 report; then a rerun that resumes from the finished phases instead of redoing them.
 
-Marked slow: the whole quick job runs (about 9 minutes on 2 cores).
+Marked slow: the whole quick job runs (about 5 minutes on 2 cores).
 """
 
 from __future__ import annotations
