@@ -140,7 +140,6 @@ def _bench_worker(args_dict: dict, hf_dir: str, tok_dir: str) -> dict:
 def _attention_worker(hf_dir: str, lengths: list[int], batch: int, rounds: int) -> dict:
     """Spawned: both core attentions in one model architecture, timed side by side."""
     import torch
-    from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from megatron_seed.models import qwen
@@ -152,16 +151,7 @@ def _attention_worker(hf_dir: str, lengths: list[int], batch: int, rounds: int) 
     spec = qwen.QwenSpec.from_pretrained(hf_dir)
     models, weights = {}, None
     for name, cls in (("megatron", DotProductAttention), ("fused", SdpaDotProductAttention)):
-        layers = qwen.layer_spec(spec, use_te=False)
-        layers.submodules.self_attention.submodules.core_attention = cls
-        model = GPTModel(
-            config=qwen.transformer_config(spec, 1, 1, "fp32", None),
-            transformer_layer_spec=layers,
-            vocab_size=spec.vocab_size,
-            max_sequence_length=spec.max_position_embeddings,
-            position_embedding_type="rope",
-            rotary_base=int(spec.rope_theta),
-        )
+        model = qwen.build_gpt_model(spec, use_te=False, core_attention=cls)
         weights = weights or model.state_dict()
         model.load_state_dict(weights)
         models[name] = model
@@ -195,13 +185,13 @@ def _attention_worker(hf_dir: str, lengths: list[int], batch: int, rounds: int) 
     return out
 
 
-def _run_attention(args: argparse.Namespace, work: Path) -> dict:
-    from megatron_seed.models.parallel import spawn
+def _bench_model(args: argparse.Namespace, out: Path, vocab: int) -> None:
+    """The benchmarks' random Qwen2 (hidden ``args.hidden``, head_dim 64) in ``out``."""
     from megatron_seed.models.tiny import make_tiny_qwen
 
     make_tiny_qwen(
-        work / "model",
-        vocab_size=1024,
+        out,
+        vocab_size=vocab,
         hidden_size=args.hidden,
         intermediate_size=4 * args.hidden,
         num_hidden_layers=args.layers,
@@ -209,6 +199,12 @@ def _run_attention(args: argparse.Namespace, work: Path) -> dict:
         num_key_value_heads=max(1, args.hidden // 128),
         max_position_embeddings=8192,
     )
+
+
+def _run_attention(args: argparse.Namespace, work: Path) -> dict:
+    from megatron_seed.models.parallel import spawn
+
+    _bench_model(args, work / "model", vocab=1024)
     lengths = [512, 1024, 2048]
     result = spawn(_attention_worker, 1, str(work / "model"), lengths, 4, args.rounds)[0]
     print("forward + backward, batch 4 (median of interleaved rounds)")
@@ -226,7 +222,6 @@ def run(args: argparse.Namespace) -> int:
 
     from megatron_seed.data.tokenizer import build_tokenizer
     from megatron_seed.models.parallel import spawn
-    from megatron_seed.models.tiny import make_tiny_qwen
     from megatron_seed.train.synthetic import _WORDS
 
     work = Path(tempfile.mkdtemp(prefix="seed-bench-"))
@@ -241,16 +236,7 @@ def run(args: argparse.Namespace) -> int:
     corpus = [" ".join(_WORDS)] * 4 + ["Your task is to: put a mug in fridge."]
     tok = build_tokenizer(corpus, 512, work / "tok")
     vocab = -(-len(tok) // 64) * 64
-    make_tiny_qwen(
-        work / "model",
-        vocab_size=vocab,
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=max(1, args.hidden // 128),
-        max_position_embeddings=8192,
-    )
+    _bench_model(args, work / "model", vocab)
     result = spawn(_bench_worker, 1, vars(args), str(work / "model"), str(work / "tok"))[0]
     result["model"] = {"hidden": args.hidden, "layers": args.layers, "vocab": vocab}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -172,8 +172,13 @@ def transformer_config(
     return TransformerConfig(**filter_kwargs(TransformerConfig.__init__, kwargs))
 
 
-def layer_spec(spec: QwenSpec, use_te: bool) -> Any:
-    """Transformer Engine layer spec on GPUs, the local (torch) spec elsewhere."""
+def layer_spec(spec: QwenSpec, use_te: bool, core_attention: type | None = None) -> Any:
+    """Transformer Engine layer spec on GPUs, the local (torch) spec elsewhere.
+
+    ``core_attention``: the local spec's core attention class; by default torch's fused
+    causal attention instead of Megatron's [b, heads, s, s] score matrix (2-4x faster
+    forward + backward on CPU at 512-2048 tokens, same parameters: `models.attention`).
+    """
     from megatron.core.models.gpt import gpt_layer_specs
 
     if use_te:
@@ -183,9 +188,8 @@ def layer_spec(spec: QwenSpec, use_te: bool) -> Any:
     local = copy.deepcopy(  # a private copy: the spec may be shared by other callers
         gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     )
-    # torch's fused causal attention instead of the [b, heads, s, s] score matrix: 2-4x
-    # faster forward + backward on CPU at 512-2048 tokens, same parameters (models.attention)
-    local.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention
+    attention = core_attention or SdpaDotProductAttention
+    local.submodules.self_attention.submodules.core_attention = attention
     return local
 
 
@@ -195,10 +199,12 @@ def build_gpt_model(
     precision: str = "fp32",
     fp8_recipe: str | None = None,
     use_te: bool | None = None,
+    core_attention: type | None = None,
 ) -> Any:
     """This process's stage of the model for the initialised Megatron process groups.
 
-    `use_te` defaults to "CUDA is available and Transformer Engine imports".
+    `use_te` defaults to "CUDA is available and Transformer Engine imports";
+    `core_attention` overrides the local spec's (`layer_spec`).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -213,7 +219,7 @@ def build_gpt_model(
     config = transformer_config(spec, tp, pp, precision, fp8_recipe)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(spec, use_te),
+        transformer_layer_spec=layer_spec(spec, use_te, core_attention),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),

@@ -139,7 +139,6 @@ def attention_paths_agree(hf_dir, tp, seq):
     """The same Megatron model built with Megatron's DotProductAttention and with
     SdpaDotProductAttention (same weights): max |NLL diff|, max |grad diff| over all
     parameters, and how many layers took the fused path."""
-    from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from megatron_seed.models import qwen
@@ -163,17 +162,7 @@ def attention_paths_agree(hf_dir, tp, seq):
     batch = {"input_ids": ids, "labels": shifted_labels(ids)}
     outputs, weights = {}, None
     for cls in (DotProductAttention, SdpaDotProductAttention):
-        layers = qwen.layer_spec(spec, use_te=False)
-        layers.submodules.self_attention.submodules.core_attention = cls
-        model = GPTModel(
-            config=qwen.transformer_config(spec, tp, 1, "fp32", None),
-            transformer_layer_spec=layers,
-            vocab_size=spec.vocab_size,
-            max_sequence_length=spec.max_position_embeddings,
-            position_embedding_type="rope",
-            rotary_base=int(spec.rope_theta),
-            share_embeddings_and_output_weights=spec.tie_word_embeddings,
-        )
+        model = qwen.build_gpt_model(spec, use_te=False, core_attention=cls)
         if weights is None:
             weights = model.state_dict()
         model.load_state_dict(weights)
