@@ -1,57 +1,49 @@
-"""``seed games``: write ALFWorld games offline (all six families, expert plans included)."""
+"""``seed games [--env NAME] ...``: write an environment's tasks offline.
+
+The environment's own subcommand (``EnvSpec.commands``) defines the remaining flags; for
+``alfworld`` (the default) see ``envs.alfworld.commands``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import collections
-import time
+import importlib
+import sys
 
-from envs.alfworld_games import FAMILIES, SPLIT_DIRS, GameGenerationError, RoomSize
+
+def _env_name(argv: list[str]) -> str:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--env", default="alfworld")
+    return pre.parse_known_args(argv)[0].env
+
+
+def _commands(name: str):
+    from envs.spec import EnvSpecError, get_env
+    from megatron_seed.errors import CommandError
+
+    try:
+        spec = get_env(name)
+    except EnvSpecError as err:
+        raise CommandError(str(err)) from None
+    if spec.commands is None:
+        raise CommandError(f"environment {name!r} has no task generator")
+    return importlib.import_module(spec.commands)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``seed games``."""
-    parser.add_argument("--out", required=True, help="output folder (json_2.1.1 layout)")
-    parser.add_argument("--split", required=True, choices=sorted(SPLIT_DIRS))
-    parser.add_argument("--n", type=int, required=True, help="number of games")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--receptacles",
-        type=int,
-        default=RoomSize.n_receptacles,
-        help="receptacles per room (room size)",
-    )
-    parser.add_argument(
-        "--distractors",
-        type=int,
-        default=RoomSize.n_distractors,
-        help="distractor objects per room",
-    )
-    parser.add_argument(
-        "--families",
-        default=",".join(FAMILIES),
-        help=f"comma-separated subset of {','.join(FAMILIES)}",
-    )
+    """``--env`` plus the chosen environment's own flags."""
+    parser.add_argument("--env", default="alfworld", help="environment (envs.spec names)")
+    try:
+        module = _commands(_env_name(sys.argv[2:]))
+    except Exception as err:  # reported by run() as a one-line error
+        parser.set_defaults(_env_error=err)
+        return
+    module.add_arguments(parser)
+    parser.set_defaults(_env_module=module)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate the games; user errors become CommandError (exit code 2)."""
-    from envs.alfworld_games import generate_games
-    from megatron_seed.cli import CommandError
-
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
-    start = time.perf_counter()
-    try:
-        room = RoomSize(args.receptacles, args.distractors)
-        folders = generate_games(args.out, args.split, args.n, args.seed, room, families)
-    except GameGenerationError as err:
-        raise CommandError(str(err)) from err
-    counts = collections.Counter(f.parent.name.split("-")[0] for f in folders)
-    seconds = time.perf_counter() - start
-    print(
-        f"wrote {len(folders)} {args.split} games to {args.out}/{SPLIT_DIRS[args.split]} "
-        f"in {seconds:.1f}s"
-    )
-    for task_type, count in sorted(counts.items()):
-        print(f"  {task_type}: {count}")
-    return 0
+    """Delegate to the environment's generator."""
+    if getattr(args, "_env_error", None) is not None:
+        raise args._env_error
+    return args._env_module.run(args)

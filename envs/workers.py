@@ -1,15 +1,15 @@
 """Env workers: many episodes in parallel Ray worker processes.
 
-``EnvPool`` spreads episodes over ``num_workers`` Ray actors (``EnvWorker``), each holding
-several episodes (one engine per episode, engines reused across episodes).
+``EnvPool`` spreads episodes of one environment (an ``envs.spec`` name) over ``num_workers``
+Ray actors (``EnvWorker``), each holding several episodes (one engine per episode, engines
+reused across episodes).
 
 - Prefetched resets: ``prefetch(games)`` queues the (seconds-long) load+reset of the next
   episodes on the workers right away; a later ``reset(games)`` picks them up.
-- Max steps: the env ends an episode after ``max_steps`` actions (30 for ALFWorld), status
-  ``truncated``.
+- Max steps: the env ends an episode after ``max_steps`` actions, status ``truncated``.
 - Failures: a worker that dies (crash, OOM, killed) or does not answer within the timeout is
   replaced by a fresh actor and its live episodes are rebuilt there by replaying their
-  action histories (the PDDL engine is deterministic); they continue with status
+  action histories (environments must be deterministic given their actions); they continue with status
   ``recovered``. An episode whose own action kills the fresh worker again, or whose game
   cannot be loaded, ends with status ``error`` and a message. Nothing is dropped silently:
   every requested episode gets a ``StepResult``.
@@ -32,19 +32,20 @@ _Reply = tuple
 
 
 class EnvWorker:
-    """One worker process: episodes keyed by id, each on its own ALFWorld engine."""
+    """One worker process: episodes keyed by id, each on its own engine of environment
+    ``env`` (a name ``envs.spec.get_env`` resolves in this process)."""
 
-    def __init__(self, max_steps: int, env_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, env: str, max_steps: int) -> None:
+        from envs.spec import get_env
+
+        self._make_env = get_env(env).make_env
         self._max_steps = max_steps
-        self._env_kwargs = env_kwargs or {}
         self._free: list[Any] = []
         self._episodes: dict[int, Any] = {}
         self._first: dict[int, _Reply] = {}
 
     def _new_env(self) -> Any:
-        from envs.alfworld_env import AlfWorldEnv
-
-        return self._free.pop() if self._free else AlfWorldEnv(self._max_steps, **self._env_kwargs)
+        return self._free.pop() if self._free else self._make_env(self._max_steps)
 
     def pid(self) -> int:
         """The worker's process id."""
@@ -127,11 +128,11 @@ class EnvPool:
 
     def __init__(
         self,
+        env: str = "alfworld",
         num_workers: int = 2,
         max_steps: int = 30,
         step_timeout_s: float = 60.0,
         reset_timeout_s: float = 300.0,
-        env_kwargs: dict[str, Any] | None = None,
         worker_cpus: float = 0.0,
     ) -> None:
         import ray
@@ -142,8 +143,8 @@ class EnvPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self._ray = ray
         self._actor_cls = ray.remote(num_cpus=worker_cpus, max_restarts=0)(EnvWorker)
+        self._env = env
         self._max_steps = max_steps
-        self._env_kwargs = env_kwargs or {}
         self.step_timeout_s = step_timeout_s
         self.reset_timeout_s = reset_timeout_s
         self._workers = [self._spawn() for _ in range(num_workers)]
@@ -156,7 +157,7 @@ class EnvPool:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def _spawn(self) -> Any:
-        return self._actor_cls.remote(self._max_steps, self._env_kwargs)
+        return self._actor_cls.remote(self._env, self._max_steps)
 
     @property
     def workers(self) -> list[Any]:

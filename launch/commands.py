@@ -14,10 +14,10 @@ import shlex
 import shutil
 import sys
 
-from launch import recipes
 from launch.layout import trainer_memory_gib
 from launch.plan import JobCommand, LaunchPlan, PlanError, make_plan
-from megatron_seed.cli import CommandError
+from megatron_seed import recipes
+from megatron_seed.errors import CommandError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +82,7 @@ def memory_summary(plan: LaunchPlan) -> str:
     head = (
         f"{plan.recipe.name}: {plan.nodes} node(s); trainer TP={p.tp} PP={p.pp} DP={plan.dp} "
         f"({plan.trainer_world} ranks); fleet {plan.fleet_gpus} GPU(s), engine TP="
-        f"{plan.layout.engine_tp}"
+        f"{plan.config.fleet.engine_tp} ({plan.config.fleet.engines} engines)"
     )
     if not plan.layout.on_gpu:
         return head + "; CPU job"
@@ -151,8 +151,6 @@ def _local(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -
     print(f"# {memory_summary(plan)}", file=sys.stderr)
     job = job or plan.job()
     if args.dryrun:
-        for key, value in plan.job_env().items():
-            print(f"export {key}={shlex.quote(value)}")
         nproc = plan.layout.trainer_ranks_per_node
         print(shlex.join(["torchrun", "--standalone", "--nproc-per-node", str(nproc), *job.argv()]))
         return 0

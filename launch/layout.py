@@ -6,8 +6,9 @@ next `fleet_gpus_per_node` GPUs belong to the node's Ray worker, on which the vL
 places its engines (`engine_tp` GPUs each, never across nodes). The trainer therefore has
 `nodes * trainer_ranks_per_node` ranks, the fleet `nodes * fleet_gpus_per_node` GPUs.
 
-`ModelShape` holds only what the launcher needs before any checkpoint is at hand (parameter
-count, divisibility). At train time the model is built from the checkpoint's own
+`ModelShape` (`megatron_seed.recipes`) holds only what the launcher needs before any
+checkpoint is at hand (parameter count, divisibility). The engines' TP is the config's
+(`FleetConfig.engine_tp`). At train time the model is built from the checkpoint's own
 `config.json` (`megatron_seed.models.qwen.QwenSpec`); this module imports nothing heavy.
 """
 
@@ -15,42 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_seed.config import ParallelConfig
+from megatron_seed.config import ParallelConfig, SeedConfig
+from megatron_seed.recipes import ModelShape
 
 GIB = 1024**3
 
 
 class LayoutError(ValueError):
     """A layout that cannot run: one line, raised before anything is submitted."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Architecture numbers of a dense Qwen2/2.5/3 checkpoint (from its HF `config.json`)."""
-
-    hf_id: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    tied_embeddings: bool
-    qkv_bias: bool = True  # Qwen2/2.5: bias on q/k/v; Qwen3: none (it has q/k norms instead)
-
-    @property
-    def params(self) -> int:
-        """Parameter count (embeddings included once when tied)."""
-        q_out = self.heads * self.head_dim
-        kv_out = self.kv_heads * self.head_dim
-        attn = self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden
-        if self.qkv_bias:
-            attn += q_out + 2 * kv_out
-        mlp = 3 * self.hidden * self.ffn  # gate, up, down
-        norms = 2 * self.hidden
-        embed = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * (attn + mlp + norms) + embed + self.hidden
 
 
 @dataclass(frozen=True)
@@ -64,7 +37,6 @@ class ClusterLayout:
     gpus_per_node: int = 8
     trainer_ranks_per_node: int = 4
     fleet_gpus_per_node: int = 4
-    engine_tp: int = 1
     gpu_memory_gib: float = 80.0
     # The estimate must stay under this share of the GPU (allocator fragmentation, spikes).
     memory_headroom: float = 0.9
@@ -114,10 +86,9 @@ def engine_weights_gib(model: ModelShape, engine_tp: int) -> float:
     return 2 * model.params / engine_tp / GIB
 
 
-def check_layout(
-    model: ModelShape, parallel: ParallelConfig, layout: ClusterLayout, nodes: int
-) -> None:
+def check_layout(model: ModelShape, config: SeedConfig, layout: ClusterLayout, nodes: int) -> None:
     """Raise `LayoutError` (one line) unless the layout runs on `nodes` nodes and fits memory."""
+    parallel, engine_tp = config.parallel, config.fleet.engine_tp
     tp, pp = parallel.tp, parallel.pp
     if nodes < 1:
         raise LayoutError(f"--nodes must be >= 1, got {nodes}")
@@ -140,14 +111,14 @@ def check_layout(
                 f"{nodes * layout.trainer_ranks_per_node}, but {nodes} node(s) x "
                 f"{layout.gpus_per_node} GPUs have {total}"
             )
-        if layout.fleet_gpus_per_node < layout.engine_tp:
+        if layout.fleet_gpus_per_node < engine_tp:
             raise LayoutError(
-                f"a fleet engine needs {layout.engine_tp} GPUs on one node, the fleet has "
+                f"a fleet engine needs {engine_tp} GPUs on one node, the fleet has "
                 f"{layout.fleet_gpus_per_node} per node"
             )
-        if layout.fleet_gpus_per_node % layout.engine_tp:
+        if layout.fleet_gpus_per_node % engine_tp:
             raise LayoutError(
-                f"engine TP={layout.engine_tp} does not divide the "
+                f"engine TP={engine_tp} does not divide the "
                 f"{layout.fleet_gpus_per_node} fleet GPUs per node"
             )
     world = nodes * layout.trainer_ranks_per_node
@@ -168,11 +139,11 @@ def check_layout(
         if count % size:
             raise LayoutError(f"{model.hf_id}: {count} {name} are not divisible by {size}")
     if layout.on_gpu:
-        _check_memory(model, parallel, layout, world // (tp * pp))
+        _check_memory(model, parallel, engine_tp, layout, world // (tp * pp))
 
 
 def _check_memory(
-    model: ModelShape, parallel: ParallelConfig, layout: ClusterLayout, dp: int
+    model: ModelShape, parallel: ParallelConfig, engine_tp: int, layout: ClusterLayout, dp: int
 ) -> None:
     budget = layout.gpu_memory_gib * layout.memory_headroom
     need = trainer_memory_gib(model, parallel, dp, layout)["total"]
@@ -181,9 +152,9 @@ def _check_memory(
             f"the trainer needs ~{need:.0f} GiB per GPU at TP={parallel.tp} PP={parallel.pp} "
             f"DP={dp} (budget {budget:.0f} GiB): use more nodes or a larger TP×PP"
         )
-    weights = engine_weights_gib(model, layout.engine_tp)
+    weights = engine_weights_gib(model, engine_tp)
     if weights > layout.gpu_memory_gib / 2:
         raise LayoutError(
-            f"a fleet engine holds ~{weights:.0f} GiB of weights per GPU at TP={layout.engine_tp}, "
+            f"a fleet engine holds ~{weights:.0f} GiB of weights per GPU at TP={engine_tp}, "
             f"over half of {layout.gpu_memory_gib:.0f} GiB (no room for KV cache): raise engine TP"
         )

@@ -47,7 +47,7 @@ def run_local(
 ) -> LocalOutcome:
     """Run `job` (default: `seed train` of the plan) under torchrun here and wait for it.
 
-    The job gets the plan's environment, `env`, and this process's SEED_MODEL_DIR /
+    The job gets `env` and this process's SEED_MODEL_DIR /
     SEED_GAMES_DIR / SEED_OUT_DIR."""
     import nemo_run as run
 
@@ -59,7 +59,6 @@ def run_local(
         env_vars={
             "PATH": path,
             **{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ},
-            **plan.job_env(),
             **(env or {}),
         },
     )

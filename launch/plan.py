@@ -6,10 +6,12 @@ checked without a cluster (recipe name, layout, memory); every failure is one li
 `python -m megatron_seed.cli train --recipe NAME [--config-json JSON]`, where JSON holds only
 the differences from the recipe's config.
 
-Contract with `seed train` (fleet issue): the trainer ranks are torchrun processes; the
-fleet's Ray cluster is at `RAY_ADDRESS` (Slurm; unset for a local run, where the job starts
-its own Ray). `SEED_FLEET_GPUS` (total) and `SEED_ENGINE_TP` give the fleet's size; on a
-node, fleet GPUs are the CUDA devices after the first `trainer_ranks_per_node`.
+Contract with `seed train`: the trainer ranks are torchrun processes; the fleet's Ray
+cluster is at `RAY_ADDRESS` (Slurm; unset for a local run, where the job starts its own
+Ray). The fleet's shape reaches the job through the config (`--config-json`): the plan sets
+`fleet.engines` (the fleet's GPUs / engine TP) and `fleet.gpus_per_engine` (= engine TP) from
+the layout; on a node, fleet GPUs are the CUDA devices after the first
+`trainer_ranks_per_node`.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from launch import recipes
 from launch.layout import ClusterLayout, LayoutError, check_layout
+from megatron_seed import recipes
 from megatron_seed.config import SeedConfig
 
 
@@ -87,14 +89,6 @@ class LaunchPlan:
         """The config's differences from the recipe (nested, JSON-ready)."""
         return _diff(self.recipe.config.to_dict(), self.config.to_dict())
 
-    def job_env(self) -> dict[str, str]:
-        """Environment every trainer rank gets (see the module docstring)."""
-        return {
-            "SEED_RECIPE": self.recipe.name,
-            "SEED_FLEET_GPUS": str(self.fleet_gpus),
-            "SEED_ENGINE_TP": str(self.layout.engine_tp),
-        }
-
     def job(self) -> JobCommand:
         """The default job: `seed train` of this plan."""
         return train_command(self.recipe.name, self.overrides)
@@ -121,6 +115,12 @@ def make_plan(
     except KeyError as err:
         raise PlanError(err.args[0]) from None
     config = _apply_json(recipe.config, config_json)
+    if engine_tp is not None:
+        if engine_tp < 1:
+            raise PlanError(f"--engine-tp must be >= 1, got {engine_tp}")
+        config = dataclasses.replace(
+            config, fleet=dataclasses.replace(config.fleet, engine_tp=engine_tp)
+        )
     parallel = config.parallel
     if tp is not None or pp is not None:
         parallel = dataclasses.replace(
@@ -131,30 +131,53 @@ def make_plan(
         config = dataclasses.replace(config, parallel=parallel)
     if min(parallel.tp, parallel.pp) < 1:
         raise PlanError(f"TP and PP must be >= 1, got TP={parallel.tp} PP={parallel.pp}")
-    layout = _layout(recipe.layout, nodes, gpus_per_node, fleet_gpus, engine_tp)
+    base = recipe_layout(recipe)
+    layout = _layout(base, nodes, gpus_per_node, fleet_gpus)
     try:
-        check_layout(recipe.model, parallel, layout, nodes)
+        check_layout(recipe.model, config, layout, nodes)
     except LayoutError as err:
         hint = ""
-        if layout == recipe.layout and parallel == recipe.config.parallel and nodes >= 1:
+        if layout == base and config == recipe.config and nodes >= 1:
             with contextlib.suppress(LayoutError):
-                hint = f" (recipe {recipe.name} needs at least {recipe.min_nodes()} nodes)"
+                hint = f" (recipe {recipe.name} needs at least {min_nodes(recipe)} nodes)"
         raise PlanError(f"{err}{hint}") from None
+    config = _with_fleet(config, layout, nodes)
     return LaunchPlan(recipe=recipe, nodes=nodes, config=config, layout=layout)
 
 
+def recipe_layout(recipe: recipes.Recipe) -> ClusterLayout:
+    """The recipe's per-node GPU split (`ClusterLayout()` with the recipe's changes)."""
+    return dataclasses.replace(ClusterLayout(), **recipe.layout)
+
+
+def min_nodes(recipe: recipes.Recipe, limit: int = 256) -> int:
+    """The fewest nodes on which a recipe's layout is valid and fits memory."""
+    layout = recipe_layout(recipe)
+    for nodes in range(1, limit + 1):
+        try:
+            check_layout(recipe.model, recipe.config, layout, nodes)
+        except LayoutError:
+            continue
+        return nodes
+    raise LayoutError(f"recipe {recipe.name!r} fits on no cluster of up to {limit} nodes")
+
+
+def _with_fleet(config: SeedConfig, layout: ClusterLayout, nodes: int) -> SeedConfig:
+    """The config with the fleet the layout gives: one engine per `engine_tp` fleet GPUs,
+    each reserving its GPUs in Ray (a CPU job keeps the config's own fleet)."""
+    if not layout.on_gpu:
+        return config
+    tp = config.fleet.engine_tp
+    fleet = dataclasses.replace(
+        config.fleet, engines=nodes * layout.fleet_gpus_per_node // tp, gpus_per_engine=float(tp)
+    )
+    return dataclasses.replace(config, fleet=fleet)
+
+
 def _layout(
-    base: ClusterLayout,
-    nodes: int,
-    gpus_per_node: int | None,
-    fleet_gpus: int | None,
-    engine_tp: int | None,
+    base: ClusterLayout, nodes: int, gpus_per_node: int | None, fleet_gpus: int | None
 ) -> ClusterLayout:
     layout = base
-    if engine_tp is not None:
-        if engine_tp < 1:
-            raise PlanError(f"--engine-tp must be >= 1, got {engine_tp}")
-        layout = dataclasses.replace(layout, engine_tp=engine_tp)
     if gpus_per_node is not None and gpus_per_node != layout.gpus_per_node:
         if gpus_per_node < 1 or not layout.on_gpu:
             raise PlanError(f"--gpus-per-node {gpus_per_node} does not apply to this recipe")
@@ -193,21 +216,10 @@ def _apply_json(config: SeedConfig, config_json: str | None) -> SeedConfig:
         raise PlanError(f"--config-json is not valid JSON: {err}") from None
     if not isinstance(overrides, dict):
         raise PlanError("--config-json must be a JSON object")
-    merged = _merge(config.to_dict(), overrides)
     try:
-        return SeedConfig.from_dict(merged)
+        return config.with_changes(overrides)
     except (TypeError, ValueError) as err:
         raise PlanError(f"--config-json: {err}") from None
-
-
-def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def _diff(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

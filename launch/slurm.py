@@ -130,7 +130,7 @@ def make_executor(plan: LaunchPlan, opts: SlurmOptions) -> Any:
         # sbatch script, the logs and the code dir all live on the shared filesystem.
         tunnel = run.LocalTunnel(job_dir=os.path.join(_job_dir(opts), "experiments"))
     lay = plan.layout
-    env = {**plan.job_env(), **opts.extra_env}
+    env = dict(opts.extra_env)
     rdzv_id = zlib.crc32(f"{plan.recipe.name}/{plan.nodes}".encode()) % 100_000 + 1
     return run.SlurmExecutor(
         account=opts.account,

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from megatron_seed.errors import CommandError
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("megatron_seed.models.commands_convert", "convert HF <-> Megatron checkpoints"),
@@ -19,15 +21,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "compare per-token log-probs of a HF checkpoint: transformers vs megatron-seed",
     ),
     "run": (
-        "megatron_seed.pipeline.commands_run",
+        "megatron_seed.testbed.commands_run",
         "the default job: SEED end to end on this machine",
     ),
-    "compare": ("megatron_seed.pipeline.commands_compare", "SEED vs GRPO at matched budgets"),
+    "compare": ("megatron_seed.testbed.commands_compare", "SEED vs GRPO at matched budgets"),
     "smoke": (
-        "megatron_seed.models.commands_smoke",
+        "megatron_seed.testbed.commands_smoke",
         "tiny real Megatron forward/backward/log-probs",
     ),
-    "games": ("envs.commands", "write ALFWorld games offline"),
+    "games": ("envs.commands", "write an environment's tasks offline (--env NAME)"),
     "sft": ("megatron_seed.pipeline.commands_sft", "Stage 1: hindsight-skill SFT"),
     "annotate": (
         "megatron_seed.skills.commands_annotate",
@@ -37,13 +39,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "megatron_seed.pipeline.commands_train",
         "Stage 2: SEED with the fleet and the trainer",
     ),
-    "bench": ("megatron_seed.bench", "benchmarks (results written to a file)"),
+    "bench": ("megatron_seed.testbed.bench", "benchmarks (results written to a file)"),
     "launch": ("launch.commands", "launch a recipe locally or on Slurm with NeMo-Run"),
 }
-
-
-class CommandError(Exception):
-    """A user-facing error: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +76,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Re-import so that CommandError is the class the subcommand modules raise.
-    from megatron_seed.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -1,25 +1,83 @@
 """Typed configuration. Every default lives here, once.
 
 The defaults are the paper's (SEED, Table 5) unless a comment says otherwise. Recipes
-(`launch/recipes.py`, the default CPU job) are functions that return a `SeedConfig` with
+(`megatron_seed.recipes`, the default CPU job) are functions that return a `SeedConfig` with
 only their differences applied via `dataclasses.replace`.
+
+Every field is checked when a config is built or loaded: a numeric field against its range
+(`_range` metadata), a `Literal` field against its choices, a bool against bool. A bad value
+raises `ConfigError` naming the field and what is allowed (the `seed` command prints it as
+one line and exits with code 2, before Ray, engines or the trainer start).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from megatron_seed.errors import ConfigError
+
+_INF = math.inf
+
+
+def _range(default: Any, lo: float = -_INF, hi: float = _INF, *, open_lo: bool = False) -> Any:
+    """A numeric field with its allowed range [lo, hi] ((lo, hi] with `open_lo`)."""
+    return field(default=default, metadata={"range": (lo, hi, open_lo)})
+
+
+def _describe(lo: float, hi: float, open_lo: bool) -> str:
+    left = f"> {lo:g}" if open_lo else f">= {lo:g}"
+    if hi == _INF:
+        return left
+    return f"in ({lo:g}, {hi:g}]" if open_lo else f"in [{lo:g}, {hi:g}]"
+
+
+def check_fields(obj: Any, section: str) -> None:
+    """Type and range checks of one config dataclass (`ConfigError` on the first bad field)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, name, hint = getattr(obj, f.name), f"{section}{f.name}", hints[f.name]
+        if dataclasses.is_dataclass(value):
+            continue
+        if typing.get_origin(hint) is Literal:
+            choices = typing.get_args(hint)
+            if value not in choices:
+                raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}")
+            continue
+        if hint is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be true or false, got {value!r}")
+            continue
+        if hint in (int, float):
+            ok = isinstance(value, int if hint is int else (int, float))
+            if not ok or isinstance(value, bool):
+                raise ConfigError(
+                    f"{name} must be a{'n int' if hint is int else ' number'}, got {value!r}"
+                )
+            lo, hi, open_lo = f.metadata.get("range", (-_INF, _INF, False))
+            inside = (value > lo if open_lo else value >= lo) and value <= hi
+            if not inside or (hint is float and math.isnan(value)):
+                raise ConfigError(f"{name} must be {_describe(lo, hi, open_lo)}, got {value!r}")
+
+
+class _Checked:
+    """Mixin: field checks on construction (`dataclasses.replace` re-checks too)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"{_SECTION_OF.get(type(self).__name__, '')}")
+
 
 @dataclass(frozen=True)
-class ParallelConfig:
+class ParallelConfig(_Checked):
     """Megatron layout of the trainer. DP is whatever world_size / (tp * pp) leaves."""
 
-    tp: int = 1
-    pp: int = 1
+    tp: int = _range(1, 1)
+    pp: int = _range(1, 1)
     # GPU only: "bf16" or "fp32"; CPU always runs float32.
     precision: Literal["fp32", "bf16"] = "bf16"
     # GPU only, needs Transformer Engine: None, "delayed", "tensorwise", "mxfp8", "blockwise".
@@ -27,15 +85,16 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
-class AlgoConfig:
+class AlgoConfig(_Checked):
     """The joint objective L = L_grpo + beta_kl * KL + lambda_opd * L_opd (paper Table 5)."""
 
-    clip_eps: float = 0.2
-    beta_opd: float = 5.0
-    lambda_opd: float = 0.01
-    beta_kl: float = 0.01
+    clip_eps: float = _range(0.2, 0.0, 1.0, open_lo=True)
+    beta_opd: float = _range(5.0, 0.0)
+    lambda_opd: float = _range(0.01, 0.0)
+    beta_kl: float = _range(0.01, 0.0)
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
-    adv_eps: float = 1e-6
+    # the GRPO advantage's (R - mu) / (sigma + adv_eps)
+    adv_eps: float = _range(1e-6, 0.0, open_lo=True)
     # "live": teacher log-probs with the current weights per mini-batch (the paper).
     # "snapshot": once per batch with theta_old (the reference code; cheaper).
     teacher_mode: Literal["live", "snapshot"] = "live"
@@ -48,59 +107,86 @@ class AlgoConfig:
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(_Checked):
     """Adam with global-norm gradient clipping."""
 
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    mini_batches_per_update: int = 1
+    lr: float = _range(1e-6, 0.0, open_lo=True)
+    weight_decay: float = _range(0.0, 0.0)
+    adam_beta1: float = _range(0.9, 0.0, 1.0)
+    adam_beta2: float = _range(0.999, 0.0, 1.0)
+    adam_eps: float = _range(1e-8, 0.0, open_lo=True)
+    clip_grad: float = _range(1.0, 0.0, open_lo=True)
+    mini_batches_per_update: int = _range(1, 1)
     # passes over each update's batch (PPO epochs); every pass steps once per mini-batch
-    epochs_per_update: int = 1
-    micro_batch_size: int = 1
+    epochs_per_update: int = _range(1, 1)
+    micro_batch_size: int = _range(1, 1)
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
+class RolloutConfig(_Checked):
     """Episode collection (paper Table 5, ALFWorld)."""
 
-    tasks_per_update: int = 16
-    group_size: int = 8
-    max_steps: int = 30
-    max_prompt_tokens: int = 2048
-    max_response_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
+    tasks_per_update: int = _range(16, 1)
+    group_size: int = _range(8, 1)
+    max_steps: int = _range(30, 1)
+    max_prompt_tokens: int = _range(2048, 1)
+    max_response_tokens: int = _range(512, 1)
+    temperature: float = _range(1.0, 0.0)
+    top_p: float = _range(1.0, 0.0, 1.0, open_lo=True)
     # "full": one chat per trajectory, all turns scored in one pass (the paper's h_t).
     # "window": one prompt per turn holding the last `history_window` turns (reference code).
     history_mode: Literal["full", "window"] = "full"
-    history_window: int = 2
-    invalid_action_penalty: float = 0.0
+    history_window: int = _range(2, 0)
+    invalid_action_penalty: float = _range(0.0, 0.0)
     # "paper": the paper's actor prompt (Figure 11); "compact": task + observation only
-    # (envs.alfworld_prompt; the tiny CPU policy's)
+    # (the environment's renderers; the tiny CPU policy's)
     prompt_style: Literal["paper", "compact"] = "paper"
 
 
 @dataclass(frozen=True)
-class SkillConfig:
+class SkillConfig(_Checked):
     """Hindsight-skill analysis and insertion."""
 
-    # Where H inserts the skill: after the "Your task is to:" line, or in the system message.
+    # Where H inserts the skill: after the environment's task line, or in the system message.
     insert_at: Literal["task_line", "system"] = "task_line"
     # "record": one user message holding the serialised trajectory (the paper).
     # "continuation": the request appended after the episode's own chat (prefix-cache friendly).
     analyzer_layout: Literal["record", "continuation"] = "record"
-    min_words: int = 5
-    max_retries: int = 2
-    max_tokens: int = 4096
-    temperature: float = 0.0
+    min_words: int = _range(5, 1)
+    max_retries: int = _range(2, 0)
+    max_tokens: int = _range(4096, 1)
+    temperature: float = _range(0.0, 0.0)
 
 
 @dataclass(frozen=True)
-class SeedConfig:
+class FleetConfig(_Checked):
+    """The vLLM engines that play episodes and decode skills (`rollout.fleet.Fleet`)."""
+
+    engines: int = _range(2, 1)
+    engine_tp: int = _range(1, 1)  # tensor parallel size of each engine
+    # GPUs Ray reserves per engine: 0 on CPU; engine_tp on GPUs (the launch plan sets it)
+    gpus_per_engine: float = _range(0.0, 0.0)
+    # the engines' context; capped by the model's max_position_embeddings
+    max_model_len: int = _range(8192, 16)
+    # KV cache per engine on CPU (on GPUs vLLM sizes it from free memory)
+    kv_cache_bytes: int = _range(1 << 30, 1)
+    sync_bucket_bytes: int = _range(64 << 20, 1)  # weight-sync bucket size
+    transport: Literal["ray", "cuda_ipc", "nccl"] = "ray"  # weight transport (GPU: ipc/nccl)
+    max_restarts: int = _range(2, 0)  # restarts per engine slot over the fleet's life
+
+
+@dataclass(frozen=True)
+class EnvConfig(_Checked):
+    """The environment (a name from `envs.registry`) and its Ray worker processes."""
+
+    name: str = "alfworld"
+    workers: int = _range(2, 1)
+    step_timeout_s: float = _range(60.0, 0.0, open_lo=True)
+    reset_timeout_s: float = _range(300.0, 0.0, open_lo=True)
+
+
+@dataclass(frozen=True)
+class SeedConfig(_Checked):
     """One training run."""
 
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -108,13 +194,15 @@ class SeedConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     skill: SkillConfig = field(default_factory=SkillConfig)
-    updates: int = 150
-    sft_epochs: int = 3
-    sft_lr: float = 1e-5  # the paper gives none for Stage 1; a common full-SFT rate
-    sft_batch_size: int = 16
-    collect_rollouts_per_task: int = 8  # K0 (paper: 180 tasks x 8 = 1,440 trajectories)
-    seed: int = 1234
-    save_every: int = 10
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    updates: int = _range(150, 0)
+    sft_epochs: int = _range(3, 1)
+    sft_lr: float = _range(1e-5, 0.0, open_lo=True)  # the paper gives none for Stage 1
+    sft_batch_size: int = _range(16, 1)
+    collect_rollouts_per_task: int = _range(8, 1)  # K0 (paper: 180 tasks x 8 = 1,440)
+    seed: int = _range(1234, 0)
+    save_every: int = _range(10, 0)  # 0: no periodic checkpoints
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict view (for the run's `config.json`)."""
@@ -126,27 +214,59 @@ class SeedConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SeedConfig:
-        """Inverse of `to_dict`; unknown keys are an error (fail loud on typos)."""
-        sections = {
-            "parallel": ParallelConfig,
-            "algo": AlgoConfig,
-            "optim": OptimConfig,
-            "rollout": RolloutConfig,
-            "skill": SkillConfig,
-        }
+        """Inverse of `to_dict`; unknown keys and bad values are a `ConfigError`."""
         kwargs: dict[str, Any] = {}
         top = {f.name for f in dataclasses.fields(cls)}
         for key, value in data.items():
             if key not in top:
-                raise ValueError(f"unknown config key {key!r}; known: {sorted(top)}")
-            if key in sections:
-                known = {f.name for f in dataclasses.fields(sections[key])}
+                raise ConfigError(f"unknown config key {key!r}; known: {sorted(top)}")
+            if key in SECTIONS:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"config section {key!r} must be an object, got {value!r}")
+                known = {f.name for f in dataclasses.fields(SECTIONS[key])}
                 bad = set(value) - known
                 if bad:
-                    raise ValueError(
+                    raise ConfigError(
                         f"unknown keys in {key!r}: {sorted(bad)}; known: {sorted(known)}"
                     )
-                kwargs[key] = sections[key](**value)
+                kwargs[key] = SECTIONS[key](**value)
             else:
                 kwargs[key] = value
         return cls(**kwargs)
+
+    def with_changes(self, changes: dict[str, Any]) -> SeedConfig:
+        """This config with nested `changes` applied (JSON-style, as `--config-json` gives
+        them); checked like any config (`ConfigError`)."""
+        return SeedConfig.from_dict(merge_dicts(self.to_dict(), changes))
+
+    @classmethod
+    def load(cls, path: str | Path) -> SeedConfig:
+        """A config written by `save` (`ConfigError` if unreadable or invalid)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ConfigError(f"cannot read config {path}: {err}") from None
+        return cls.from_dict(data)
+
+
+def merge_dicts(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `changes` applied recursively (a nested dict updates, a value replaces)."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_dicts(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+SECTIONS: dict[str, type] = {
+    "parallel": ParallelConfig,
+    "algo": AlgoConfig,
+    "optim": OptimConfig,
+    "rollout": RolloutConfig,
+    "skill": SkillConfig,
+    "fleet": FleetConfig,
+    "env": EnvConfig,
+}
+_SECTION_OF = {cls.__name__: f"{name}." for name, cls in SECTIONS.items()}

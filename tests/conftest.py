@@ -20,7 +20,7 @@ TINY_CORPUS = [
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """A byte-level BPE with Qwen's special tokens and chat template (~0.1 s to train)."""
-    from megatron_seed.data.tokenizer import build_tokenizer
+    from megatron_seed.testbed.tokenizer import build_tokenizer
 
     return build_tokenizer(TINY_CORPUS * 4, vocab_size=512)
 

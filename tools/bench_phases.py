@@ -27,7 +27,7 @@ PHASES = ("sync", "rollout", "analyze", "train", "checkpoint")
 
 
 def _run(root: Path, name: str, updates: int, extra: list[str]) -> list[dict]:
-    from tests.tiny_world import train_command
+    from megatron_seed.testbed.tiny_world import train_command
 
     out = root / name
     cfg = {"rollout": {"tasks_per_update": 4, "group_size": 4}, "save_every": 0}
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--out", default="bench/phases.json")
     args = parser.parse_args()
-    from tests.tiny_world import make_tiny_world
+    from megatron_seed.testbed.tiny_world import make_tiny_world
 
     root = make_tiny_world(Path(tempfile.mkdtemp(prefix="seed-phases-")))
     result = {

@@ -37,7 +37,7 @@ SYNC_MODEL = dict(
 
 
 def _model(root: Path, name: str, tok_dir: Path, **cfg: object) -> Path:
-    from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.testbed.tiny import make_tiny_qwen
 
     out = make_tiny_qwen(root / name, seed=0, **cfg)
     for f in tok_dir.iterdir():
@@ -155,16 +155,14 @@ def main() -> int:
 
     import ray
 
-    from megatron_seed.data.tokenizer import build_tokenizer
-    from megatron_seed.models.tiny import TINY_QWEN2
+    from megatron_seed.testbed.tiny import TINY_QWEN2
+    from megatron_seed.testbed.tokenizer import build_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
-    corpus = [
-        "Your task is to: put a clean mug in coffeemachine 1. go to countertop 2, take mug 1."
-    ] * 8
+    corpus = ["Goal: put a clean mug in coffeemachine 1. go to countertop 2, take mug 1."] * 8
     tok = build_tokenizer(corpus, 512, work / "tok")
     texts = [
-        f"<|im_start|>user\nYour task is to: task {i} go to countertop {i}<|im_end|>\n<|im_start|>assistant\n"
+        f"<|im_start|>user\nGoal: task {i} go to countertop {i}<|im_end|>\n<|im_start|>assistant\n"
         for i in range(16)
     ]
     tok_ids = [tok.encode(t, add_special_tokens=False) for t in texts]

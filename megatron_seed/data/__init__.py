@@ -1,5 +1,5 @@
 """Trajectory records, chat serialisation, skill insertion H, student/teacher sequences,
-collation, and a tiny Qwen-style tokenizer.
+collation, and the Qwen chat tokens.
 
 The flow: the rollout loop builds prompts with `ChatBuilder` and stores a `TrajectoryRecord`;
 `build_sequences` turns a record into student/teacher `TokenSequence`s with the same code;
@@ -9,6 +9,7 @@ The flow: the rollout loop builds prompts with `ChatBuilder` and stores a `Traje
 
 from megatron_seed.data.collate import TokenBatch, align_teacher, collate
 from megatron_seed.data.records import (
+    Analysis,
     HistoryMode,
     Status,
     TrajectoryRecord,
@@ -18,7 +19,6 @@ from megatron_seed.data.records import (
 )
 from megatron_seed.data.sequences import (
     SKILL_BLOCK,
-    TASK_MARKER,
     ChatBuilder,
     SequencePair,
     SkillInsertAt,
@@ -28,23 +28,14 @@ from megatron_seed.data.sequences import (
     check_pair,
     insert_skill,
 )
-from megatron_seed.data.tokenizer import (
-    CHAT_TEMPLATE,
-    ENDOFTEXT,
-    IM_END,
-    IM_START,
-    build_tokenizer,
-    check_tokenizer,
-    save_tokenizer,
-)
+from megatron_seed.data.tokenizer import ENDOFTEXT, IM_END, IM_START, check_tokenizer
 
 __all__ = [
-    "CHAT_TEMPLATE",
     "ENDOFTEXT",
     "IM_END",
     "IM_START",
     "SKILL_BLOCK",
-    "TASK_MARKER",
+    "Analysis",
     "ChatBuilder",
     "HistoryMode",
     "SequencePair",
@@ -56,13 +47,11 @@ __all__ = [
     "Turn",
     "align_teacher",
     "build_sequences",
-    "build_tokenizer",
     "check_actions",
     "check_pair",
     "check_tokenizer",
     "collate",
     "insert_skill",
     "read_jsonl",
-    "save_tokenizer",
     "write_jsonl",
 ]

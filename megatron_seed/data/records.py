@@ -1,9 +1,19 @@
 """The trajectory record: one episode, from the environment to the loss, as JSON.
 
-A record holds what the engine and the environment produced, verbatim: the text of each
-user message the policy saw, the action text, the sampled action token ids exactly as the
-engine returned them (including its sampled EOS, if it sampled one) and their rollout
-log-probs. Token sequences for training are derived from it by `megatron_seed.data.sequences`.
+A record holds facts, verbatim, from the two sides of an episode:
+- the engine's: the user message the policy saw (`Turn.user`, as rendered), the response
+  text, the sampled action token ids exactly as the engine returned them (including its
+  sampled EOS, if it sampled one) and their rollout log-probs;
+- the environment's: what it said before each action (`Turn.observation`), the admissible
+  actions where it lists them, the action executed and whether it parsed; the goal, the
+  final observation, the counts of invalid actions and cut responses, the error that ended
+  an episode.
+Readers (the analyzer prompt, oracle analyzers, reports) use these fields; nobody parses a
+rendered prompt back. Token sequences for training are derived from it by
+`megatron_seed.data.sequences`. `meta` holds genuinely environment-specific extras only.
+
+Schema version `SCHEMA` is written into every record; a record of another version is an
+error naming the version (re-collect it).
 """
 
 from __future__ import annotations
@@ -35,23 +45,35 @@ class Status(enum.StrEnum):
         return self not in (Status.ENV_ERROR, Status.ENGINE_ERROR)
 
 
+SCHEMA = 2  # 1: rendered prompts only (`Turn.observation` was the user message)
+
+
 @dataclass
 class Turn:
     """One agent step: the user message that preceded the action, and the action.
 
-    observation: the full text of the user message before this action. In `full` history
-        mode: turn 0 holds the first prompt (task, first observation), later turns the
-        environment's reply. In `window` mode: the whole rendered prompt of this step
+    user: the full text of the user message before this action, as rendered. In `full`
+        history mode: turn 0 holds the first prompt (task, first observation), later turns
+        the environment's reply. In `window` mode: the whole rendered prompt of this step
         (task line + last-k history + current observation).
-    action: the decoded action text (for reading and for the analyzer; never re-tokenised).
+    action: the decoded response text (for reading; never re-tokenised).
     action_ids: the sampled token ids, as the engine returned them.
     logprobs: log pi_theta_old of each sampled id, as the engine returned them.
+    observation: what the environment said before this action (its own text).
+    admissible: the environment's admissible actions at this step (None: it lists none).
+    executed: the action text sent to the environment (the parsed action, or the raw reply
+        when it did not parse); None if the episode ended before the step.
+    valid: whether the response held a well-formed action.
     """
 
-    observation: str
+    user: str
     action: str
     action_ids: list[int]
     logprobs: list[float]
+    observation: str = ""
+    admissible: list[str] | None = None
+    executed: str | None = None
+    valid: bool = True
 
     def __post_init__(self) -> None:
         if len(self.action_ids) != len(self.logprobs):
@@ -63,33 +85,65 @@ class Turn:
 
 
 @dataclass
+class Analysis:
+    """The hindsight analysis of one trajectory (the analyzer's or a library's)."""
+
+    trajectory_id: str
+    valid: bool
+    summary: str | None = None
+    error: str | None = None  # the last parse/validation/transport error
+    retries: int = 0  # re-asks after a bad reply
+    attempts: int = 0  # generations made
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    transport_error: bool = False  # the engine/endpoint failed (not the reply)
+    source: str = "analyzer"  # "analyzer", or "library" (a fixed skill library)
+
+
+@dataclass
 class TrajectoryRecord:
     """One episode. `group_id` names the rollout group (task x update) for GRPO."""
 
     task_id: str
     group_id: str
-    game: str  # the game file / instance
-    family: str  # task family, e.g. "pick", "clean", "heat" (ALFWorld)
+    game: str  # the task instance (for ALFWorld, the game folder)
+    family: str  # the task's family or dataset type (environment-defined)
     turns: list[Turn]
-    reward: float
+    reward: float  # the episode's return: the sum of the environment's rewards - penalties
     won: bool
     status: Status = Status.OK
+    env: str = ""  # the environment's name (`envs.spec.get_env`); "" for synthetic records
     history_mode: HistoryMode = "full"
     system_prompt: str | None = None  # None: the chat has no system message
-    skill: str | None = None  # the hindsight skill, filled in after analysis
-    skill_valid: bool = False  # False: no teacher signal for this trajectory
-    meta: dict[str, Any] = field(default_factory=dict)  # free-form, JSON-serialisable
+    # the line of a prompt after which H inserts a skill starts with this (the environment's
+    # task line); None: the environment has none (skills go to the system prompt)
+    task_marker: str | None = None
+    goal: str = ""  # the task instruction, as the environment stated it
+    final_observation: str | None = None  # the environment's answer to the last action
+    invalid_actions: int = 0
+    cut_responses: int = 0  # responses that hit the token limit
+    error: str | None = None  # why an env_error / engine_error episode ended
+    skill: str | None = None  # the hindsight skill inserted by H (only if it is valid)
+    analysis: Analysis | None = None  # None: not analysed (no teacher signal)
+    meta: dict[str, Any] = field(default_factory=dict)  # environment-specific extras
+    schema: int = SCHEMA
 
     def __post_init__(self) -> None:
+        if self.schema != SCHEMA:
+            raise ValueError(
+                f"record schema {self.schema} is not the current {SCHEMA}; re-collect it"
+            )
         self.status = Status(self.status)
         if self.history_mode not in HISTORY_MODES:
             raise ValueError(f"history_mode must be one of {HISTORY_MODES}")
-        self.turns = [t if isinstance(t, Turn) else Turn(**t) for t in self.turns]
+        self.turns = [t if isinstance(t, Turn) else _strict(Turn, t) for t in self.turns]
+        if isinstance(self.analysis, dict):
+            self.analysis = _strict(Analysis, self.analysis)
 
     @property
     def has_teacher(self) -> bool:
         """Whether this trajectory gets OPD (a skill that passed validation)."""
-        return self.skill_valid and bool(self.skill)
+        return bool(self.skill) and self.analysis is not None and self.analysis.valid
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (status as its string value)."""
@@ -99,12 +153,12 @@ class TrajectoryRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrajectoryRecord:
-        """Inverse of `to_dict`; unknown keys are an error (fail loud on schema drift)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown record keys {sorted(unknown)}")
-        return cls(**data)
+        """Inverse of `to_dict`; unknown keys and other schemas are an error."""
+        if data.get("schema", 1) != SCHEMA:
+            raise ValueError(
+                f"record schema {data.get('schema', 1)} is not the current {SCHEMA}; re-collect it"
+            )
+        return _strict(cls, data)
 
     def to_json(self) -> str:
         """One line of JSON."""
@@ -114,6 +168,15 @@ class TrajectoryRecord:
     def from_json(cls, line: str) -> TrajectoryRecord:
         """Inverse of `to_json`."""
         return cls.from_dict(json.loads(line))
+
+
+def _strict(cls: type, data: dict[str, Any]) -> Any:
+    """`cls(**data)`, naming the keys `cls` does not have."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}")
+    return cls(**data)
 
 
 def write_jsonl(records: Iterable[TrajectoryRecord], path: str | Path) -> None:

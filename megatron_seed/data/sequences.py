@@ -39,17 +39,17 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 SkillInsertAt = Literal["task_line", "system"]
-TASK_MARKER = "Your task is to:"
 SKILL_BLOCK = "\n[Hindsight skill]\n{skill}\n"
-_TASK_LINE = re.compile(rf"^{re.escape(TASK_MARKER)}[^\n]*", re.MULTILINE)
 
 
-def insert_skill(text: str | None, skill: str, insert_at: SkillInsertAt) -> str:
+def insert_skill(
+    text: str | None, skill: str, insert_at: SkillInsertAt, marker: str | None = None
+) -> str:
     """H: the text with the skill inserted; deterministic.
 
-    task_line: `text` is a user message holding exactly one line that starts with
-        "Your task is to:"; SKILL_BLOCK goes right after that line's text (before its
-        newline). No such line, or several: ValueError.
+    task_line: `text` is a user message holding exactly one line that starts with `marker`
+        (the environment's task line, e.g. ALFWorld's); SKILL_BLOCK goes right after that
+        line's text (before its newline). No such line, or several: ValueError.
     system: `text` is the system prompt (None: no system prompt); SKILL_BLOCK is appended.
     """
     if not skill or not skill.strip():
@@ -59,11 +59,13 @@ def insert_skill(text: str | None, skill: str, insert_at: SkillInsertAt) -> str:
         return text + block if text else block.lstrip("\n")
     if insert_at != "task_line":
         raise ValueError(f"unknown insert_at {insert_at!r}; expected 'task_line' or 'system'")
-    lines = list(_TASK_LINE.finditer(text or ""))
+    if not marker:
+        raise ValueError("insert_at='task_line' needs the environment's task-line marker")
+    lines = list(re.finditer(rf"^{re.escape(marker)}[^\n]*", text or "", re.MULTILINE))
     if len(lines) != 1:
         found = "no" if not lines else f"{len(lines)}"
         raise ValueError(
-            f"need exactly one line starting with {TASK_MARKER!r} to insert the skill after; "
+            f"need exactly one line starting with {marker!r} to insert the skill after; "
             f"found {found} in: {(text or '')[:200]!r}"
         )
     end = lines[0].end()
@@ -199,19 +201,19 @@ def _chat_sequence(
 ) -> TokenSequence:
     """One chat over `turns`; turn indices start at `first_turn`."""
     chat = ChatBuilder(tokenizer, system_prompt)
-    chat.prompt_ids(turns[0].observation)
+    chat.prompt_ids(turns[0].user)
     for i, turn in enumerate(turns):
         if i:
-            chat.append_user(turn.observation)
+            chat.append_user(turn.user)
         chat.append_action(turn.action_ids, turn.logprobs)
     seq = chat.sequence()
     seq.turn_index = [t + first_turn if t >= 0 else t for t in seq.turn_index]
     return seq
 
 
-def _with_skill(turns: list[Turn], skill: str) -> list[Turn]:
+def _with_skill(turns: list[Turn], skill: str, marker: str | None) -> list[Turn]:
     """H on the first user message (window mode: each sequence has only that one)."""
-    first = replace(turns[0], observation=insert_skill(turns[0].observation, skill, "task_line"))
+    first = replace(turns[0], user=insert_skill(turns[0].user, skill, "task_line", marker))
     return [first, *turns[1:]]
 
 
@@ -225,7 +227,7 @@ def build_sequences(
 
     skill_insert_at: where H puts the skill (`SkillConfig.insert_at`).
     full: one pair for the whole trajectory. window: one pair per turn, each a single
-    user message (the turn's observation) plus the action. The teacher exists when
+    user message (the turn's rendered prompt) plus the action. The teacher exists when
     `with_teacher` and the record's skill passed validation; it is the same chat with the
     skill inserted by H (in every turn's prompt in window mode). Both are checked: their
     loss tokens are exactly the record's action ids, identical and in the same order.
@@ -245,7 +247,10 @@ def build_sequences(
             teacher = _chat_sequence(tokenizer, system, turns, first)
         elif skill is not None:
             teacher = _chat_sequence(
-                tokenizer, record.system_prompt, _with_skill(turns, skill), first
+                tokenizer,
+                record.system_prompt,
+                _with_skill(turns, skill, record.task_marker),
+                first,
             )
         check_actions(student, turns, first)
         if teacher is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megatron_seed.cli import CommandError
+from megatron_seed.errors import CommandError
 from megatron_seed.models.qwen import ModelConfigError, QwenSpec
 
 

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from megatron_seed.cli import CommandError
+from megatron_seed.errors import CommandError
 from megatron_seed.models.checks import validate_hf_dir
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from megatron_seed.cli import CommandError
+from megatron_seed.errors import CommandError
 from megatron_seed.models.checks import validate_hf_dir
 
 

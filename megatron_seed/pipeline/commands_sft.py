@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from megatron_seed.cli import CommandError
+from megatron_seed.errors import CommandError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             cfg.skill, analyzer_layout=args.layout or cfg.skill.analyzer_layout
         ),
     )
-    accepted = sum(r.skill_valid and bool(r.skill) for r in records)
+    accepted = sum(r.has_teacher for r in records)
     if not accepted:
         raise CommandError(f"{args.data} has no accepted skills ({len(records)} records)")
     result = run_sft(args.model, records, args.out, cfg, dp=args.dp)

@@ -1,7 +1,11 @@
 """`seed train`: Stage 2 of SEED (Algorithm 1) with the vLLM fleet and the Megatron trainer.
 
     seed train --model DIR --games DIR --out DIR [--recipe NAME] [--config-json JSON|FILE]
-               [--updates N] [--tp T --pp P --dp D] [--engines E] [--env-workers W]
+               [--env NAME] [--updates N] [--tp T --pp P --dp D] [--engines E]
+               [--env-workers W] [--grpo]
+
+Config: defaults <- recipe <- --config-json <- flags; every value is range-checked before
+anything starts (a bad one is a one-line error, exit code 2).
 
 Paths may also come from SEED_MODEL_DIR / SEED_GAMES_DIR / SEED_OUT_DIR (launched jobs).
 Under torchrun every rank runs the loop itself; otherwise this command spawns T x P x D
@@ -11,12 +15,11 @@ trainer processes. Re-running the same command resumes from OUT/checkpoints.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 from pathlib import Path
 
-from megatron_seed.cli import CommandError
+from megatron_seed.errors import CommandError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,26 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-games", default=None, help="game folder for periodic evaluation")
     parser.add_argument("--eval-every", type=int, default=0)
     parser.add_argument("--out", default=os.environ.get("SEED_OUT_DIR", "runs/train"))
-    parser.add_argument("--recipe", default=None, help="a recipe from launch/recipes.py")
+    parser.add_argument("--recipe", default=None, help="a recipe from megatron_seed/recipes.py")
     parser.add_argument("--config-json", default=None, help="config changes (JSON text or file)")
     parser.add_argument("--updates", type=int, default=None)
     parser.add_argument("--tp", type=int, default=None)
     parser.add_argument("--pp", type=int, default=None)
     parser.add_argument("--dp", type=int, default=1)
-    parser.add_argument("--engines", type=int, default=2)
-    parser.add_argument("--env-workers", type=int, default=2)
+    parser.add_argument("--env", default=None, help="environment (default: the config's)")
+    parser.add_argument("--engines", type=int, default=None, help="vLLM engines (fleet.engines)")
+    parser.add_argument("--env-workers", type=int, default=None, help="env worker processes")
     parser.add_argument("--grpo", action="store_true", help="plain GRPO (no analyzer, no OPD)")
-
-
-def _merge(base: dict, changes: dict) -> dict:
-    out = dict(base)
-    for key, value in changes.items():
-        out[key] = (
-            _merge(out[key], value)
-            if isinstance(value, dict) and isinstance(out.get(key), dict)
-            else value
-        )
-    return out
 
 
 def build_config(args: argparse.Namespace):
@@ -58,7 +51,7 @@ def build_config(args: argparse.Namespace):
 
     cfg = SeedConfig()
     if args.recipe:
-        from launch import recipes
+        from megatron_seed import recipes
 
         try:
             cfg = recipes.get(args.recipe).config
@@ -71,23 +64,38 @@ def build_config(args: argparse.Namespace):
             else args.config_json
         )
         try:
-            cfg = SeedConfig.from_dict(_merge(cfg.to_dict(), json.loads(text)))
+            cfg = cfg.with_changes(json.loads(text))
         except (ValueError, TypeError) as err:
             raise CommandError(f"bad --config-json: {err}") from None
-    par = cfg.parallel
-    cfg = dataclasses.replace(
-        cfg,
-        updates=args.updates if args.updates is not None else cfg.updates,
-        parallel=dataclasses.replace(par, tp=args.tp or par.tp, pp=args.pp or par.pp),
-    )
-    if args.grpo:
-        cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, use_opd=False))
-    return cfg
+    flags = {
+        "updates": args.updates,
+        "parallel": {"tp": args.tp, "pp": args.pp},
+        "fleet": {"engines": args.engines},
+        "env": {"name": args.env, "workers": args.env_workers},
+        "algo": {"use_opd": False if args.grpo else None},
+    }
+    try:
+        return cfg.with_changes(_given(flags))
+    except ValueError as err:
+        raise CommandError(f"bad flag value: {err}") from None
+
+
+def _given(changes: dict) -> dict:
+    """The flags that were given (None: not given), nested like the config."""
+    out = {}
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            value = _given(value)
+            if value:
+                out[key] = value
+        elif value is not None:
+            out[key] = value
+    return out
 
 
 def build_job(args: argparse.Namespace):
     """Validate paths and assemble the Stage2Job (fail loud before any compute)."""
-    from envs.alfworld_env import find_games
+    from envs.spec import EnvSpecError, get_env
     from megatron_seed.models.checks import validate_hf_dir
     from megatron_seed.pipeline.stage2 import Stage2Job
 
@@ -103,21 +111,23 @@ def build_job(args: argparse.Namespace):
 
     if len(AutoTokenizer.from_pretrained(args.model)) > spec.vocab_size:
         raise CommandError("the tokenizer has more tokens than the model's vocab_size")
-    games = [str(g) for g in find_games(args.games)]
+    try:
+        env = get_env(cfg.env.name)
+        games = [str(g) for g in env.list_tasks(args.games, None)]
+        eval_games = (
+            [str(g) for g in env.list_tasks(args.eval_games, None)] if args.eval_games else []
+        )
+    except (EnvSpecError, ValueError) as err:
+        raise CommandError(str(err)) from None
     if not games:
-        raise CommandError(f"no games under {args.games}")
-    eval_games = [str(g) for g in find_games(args.eval_games)] if args.eval_games else []
+        raise CommandError(f"no {env.name} tasks under {args.games}")
     return Stage2Job(
         model_dir=str(args.model),
         games=games,
         out_dir=str(args.out),
         cfg=cfg,
-        num_engines=args.engines,
-        env_workers=args.env_workers,
         eval_games=eval_games,
         eval_every=args.eval_every,
-        # the engine's context: the model's own limit, capped (KV cache memory on CPU)
-        engine_kwargs={"max_model_len": min(spec.max_position_embeddings, 8192)},
     )
 
 

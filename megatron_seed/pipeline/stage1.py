@@ -34,11 +34,11 @@ def sft_sequence(
     from megatron_seed.rollout.analyzer import request_ids
     from megatron_seed.skills.parse import build_requests
 
-    if not record.skill_valid or not record.skill:
+    if not record.has_teacher:
         raise ValueError(f"record {record.task_id!r} has no accepted skill")
     (request,) = build_requests([record], layout, min_words)
     prompt = request_ids(tokenizer, request)
-    summary = (record.meta.get("analysis") or {}).get("summary")
+    summary = record.analysis.summary if record.analysis else None
     answer = tokenizer.encode(answer_text(summary, record.skill), add_special_tokens=False)
     answer.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
     n = len(prompt)
@@ -102,7 +102,7 @@ def run_sft(
     OUT/megatron, and returns the loss curve."""
     from megatron_seed.models.parallel import spawn
 
-    accepted = [r for r in records if r.skill_valid and r.skill]
+    accepted = [r for r in records if r.has_teacher]
     if not accepted:
         raise ValueError("no accepted skills to fine-tune on")
     world = cfg.parallel.tp * cfg.parallel.pp * dp
@@ -115,31 +115,22 @@ def run_sft(
 def collect(
     model_dir: str | Path,
     games: list[str],
-    rollouts_per_task: int,
     out_path: str | Path,
     cfg: SeedConfig,
-    num_engines: int = 2,
-    env_workers: int = 2,
-    engine_kwargs: dict | None = None,
     chunk_tasks: int = 8,
     progress: bool = True,
     fleet: Any = None,
 ) -> list[TrajectoryRecord]:
-    """K0 rollouts of the base policy on each game, without skills, appended to a JSONL file
-    chunk by chunk; a rerun skips the games already collected (needs Ray).
+    """`cfg.collect_rollouts_per_task` (K0) rollouts of the base policy on each game, without
+    skills, appended to a JSONL file chunk by chunk; a rerun skips the games already
+    collected (needs Ray). The fleet and env workers are `cfg.fleet` and `cfg.env`.
 
     ``fleet``: a running `Fleet` to use (it is given ``model_dir``'s weights and left
     running) instead of starting one."""
     from tqdm import tqdm
-    from transformers import AutoTokenizer
 
-    from envs.alfworld_env import game_family
-    from envs.workers import EnvPool
     from megatron_seed.data import read_jsonl
-    from megatron_seed.rollout.agent_loop import AgentLoop, Task
-    from megatron_seed.rollout.engine import SamplingSpec
-    from megatron_seed.rollout.fleet import Fleet
-    from megatron_seed.skills.prompt import serialize_trajectory
+    from megatron_seed.rollout.session import RolloutSession
 
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -148,43 +139,34 @@ def collect(
     todo = [g for g in games if str(g) not in finished]
     if not todo:
         return done
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    own_fleet = fleet is None
-    if own_fleet:
-        fleet = Fleet(str(model_dir), num_engines, engine_kwargs=engine_kwargs or {})
-    else:
+    if fleet is not None:
         fleet.load_model(model_dir)
-    pool = EnvPool(num_workers=env_workers, max_steps=cfg.rollout.max_steps)
-    r = cfg.rollout
-    spec = SamplingSpec(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_response_tokens)
-    try:
-        loop = AgentLoop(fleet, pool, tokenizer, r)
+    with RolloutSession(cfg, model_dir, fleet=fleet) as session:
         bar = tqdm(total=len(todo), desc="stage 1: collect", disable=not progress)
         for start in range(0, len(todo), chunk_tasks):
-            chunk = todo[start : start + chunk_tasks]
-            tasks = [Task(Path(g).name, str(g), game_family(g)) for g in chunk]
-            records, _ = loop.run(tasks, rollouts_per_task, spec, update=0)
+            tasks = session.tasks([str(g) for g in todo[start : start + chunk_tasks]])
+            spec = session.sampling()
+            records, _ = session.play(tasks, cfg.collect_rollouts_per_task, spec, update=0)
             with out.open("a") as f:
                 for rec in records:
-                    rec.meta["x_tau"] = serialize_trajectory(rec)
                     f.write(rec.to_json() + "\n")
             done.extend(records)
-            bar.update(len(chunk))
+            bar.update(len(tasks))
         bar.close()
-    finally:
-        pool.close()
-        if own_fleet:
-            fleet.close()
     return done
 
 
-def annotate_embedded(
+def annotate_oracle(
     records: list[TrajectoryRecord], cfg: SeedConfig
 ) -> tuple[list[TrajectoryRecord], dict]:
-    """Skills from the embedded (offline) analyzer, validated by the fleet's own rules."""
-    from megatron_seed.skills.embedded import EmbeddedAnalyzer
+    """Skills from the environment's oracle analyzer (offline), validated by the fleet's own
+    rules."""
+    from envs.spec import get_env
     from megatron_seed.skills.parse import analysis_metrics, analyze_with_retries, apply_results
 
+    env = get_env(cfg.env.name)
+    if env.oracle_analyzer is None:
+        raise ValueError(f"environment {env.name!r} has no oracle analyzer")
     usable = [r for r in records if r.status.trainable and r.turns]
-    results = analyze_with_retries(EmbeddedAnalyzer(), usable, cfg.skill)
+    results = analyze_with_retries(env.oracle_analyzer(), usable, cfg.skill)
     return apply_results(usable, results), analysis_metrics(results)

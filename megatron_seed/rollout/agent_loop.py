@@ -1,9 +1,12 @@
 """The multi-turn agent loop: B tasks x N samples chat with environment workers.
 
-Every live episode's prompt is built as token ids by `ChatBuilder` (the same code that
-later builds the training sequences), all prompts of a turn go to the generation engine in
-one batch, and each turn stores the exact sampled ids and their log-probs. Finished
-episodes become `TrajectoryRecord`s: the trainer scores the very ids the engine produced.
+The environment is an `envs.spec.EnvSpec`: its prompt style renders the user messages, its
+action parser reads the replies, its task marker tells H where a skill goes. Every live
+episode's prompt is built as token ids by `ChatBuilder` (the same code that later builds the
+training sequences), all prompts of a turn go to the generation engine in one batch, and
+each turn stores the exact sampled ids and their log-probs next to what the environment said
+(observation, admissible actions) and what was executed. Finished episodes become
+`TrajectoryRecord`s: the trainer scores the very ids the engine produced.
 
 Episodes end when the environment says done (won, or its step budget ran out), when the
 prompt outgrows `max_prompt_tokens` (status `truncated`), or when the env or engine fails
@@ -13,27 +16,55 @@ for that episode (status `env_error` / `engine_error`; the other episodes go on)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from envs.spec import EnvSpec
 from megatron_seed.config import RolloutConfig
 from megatron_seed.data import Status, TrajectoryRecord, Turn
 from megatron_seed.data.sequences import ChatBuilder, insert_skill
 
 
 class Engine(Protocol):
-    """What the loop needs from a generation engine (the vLLM fleet, or one engine)."""
+    """What the loop needs from a generation engine (the vLLM fleet, or one engine).
+
+    An engine with ``accepts_views = True`` (a scripted policy) also gets ``views``: one
+    `EpisodeView` per prompt, the environment's facts the prompt was rendered from.
+    """
 
     def generate(self, prompts: list[list[int]], spec: Any) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
+class EpisodeView:
+    """What the environment has said so far in one episode (for scripted engines)."""
+
+    task: Task
+    goal: str
+    observation: str
+    admissible: list[str] | None
+    step: int  # actions taken so far
+
+
+@dataclass(frozen=True)
 class Task:
-    """One game to play `group_size` times."""
+    """One task (for ALFWorld, a game) to play `group_size` times.
+
+    skill: a skill H inserts into the task-line prompts (skills in context at rollout);
+    meta: environment-specific extras copied into each record's `meta`.
+    """
 
     task_id: str
     game: str
     family: str = ""
+    goal: str = ""  # used when the environment's reset info names no task
+    skill: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def make_tasks(env: EnvSpec, games: list[str]) -> list[Task]:
+    """One `Task` per task id of environment `env` (id: the last path component)."""
+    return [Task(Path(g).name, str(g), env.family(str(g))) for g in games]
 
 
 @dataclass
@@ -48,10 +79,11 @@ class _Live:
     turns: list[Turn] = field(default_factory=list)
     history: list[tuple[str, str]] = field(default_factory=list)  # (observation, action)
     observation: str = ""
-    admissible: list[str] = field(default_factory=list)
+    admissible: list[str] | None = None
     pending_user: str = ""  # the user message the next action answers
     invalid: int = 0
     cut_responses: int = 0
+    reward: float = 0.0  # the sum of the environment's rewards so far
     won: bool = False
     done: bool = False
     status: Status = Status.OK
@@ -75,45 +107,40 @@ def _env_status(result: Any) -> Status | None:
 
 
 class AgentLoop:
-    """Plays episodes with an engine against an `envs.workers.EnvPool`-like pool."""
+    """Plays episodes of environment `env` with an engine against an `EnvPool`-like pool."""
 
-    def __init__(
-        self, engine: Engine, pool: Any, tokenizer: Any, cfg: RolloutConfig, prompts: Any = None
-    ):
-        from envs.alfworld_prompt import prompt_style
-
+    def __init__(self, engine: Engine, pool: Any, tokenizer: Any, cfg: RolloutConfig, env: EnvSpec):
         self.engine = engine
         self.pool = pool
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.prompts = prompts or prompt_style(cfg.prompt_style)
+        self.env = env
+        self.prompts = env.prompts(cfg.prompt_style)
 
     # ------------------------------------------------------------ user messages
 
     def _first_user(self, ep: _Live) -> str:
-        return self.prompts.render_first_observation(ep.goal, ep.observation, ep.admissible)
+        return self.prompts.first(ep.goal, ep.observation, ep.admissible)
 
     def _next_user(self, ep: _Live) -> str:
         step = len(ep.turns)
         if self.cfg.history_mode == "window":
             history = ep.history[-self.cfg.history_window :] if self.cfg.history_window else []
-            return self.prompts.render_window_prompt(
-                ep.goal, history, ep.observation, step, ep.admissible
-            )
-        return self.prompts.render_step_observation(step, ep.observation, ep.admissible)
+            return self.prompts.window(ep.goal, history, ep.observation, step, ep.admissible)
+        return self.prompts.step(step, ep.observation, ep.admissible)
 
     def _prompt_ids(self, ep: _Live) -> list[int]:
         """The ids the engine continues for this episode's next action.
 
-        A task whose ``meta["skill"]`` is set plays with that skill inserted by H into every
-        prompt that holds the task line (the first one; every one in window mode): skills
-        in context at rollout, for probes and ablations; Stage 2 never sets it.
+        A task whose ``skill`` is set plays with that skill inserted by H into every prompt
+        that holds the task line (the first one; every one in window mode): skills in
+        context at rollout, for probes and ablations; Stage 2 never sets it.
         """
-        system = self.prompts.SYSTEM_PROMPT
+        system = self.prompts.system_prompt
         if self.cfg.history_mode == "window" or not ep.turns:
             text = self._first_user(ep) if not ep.turns else self._next_user(ep)
-            if ep.task.meta.get("skill"):
-                text = insert_skill(text, ep.task.meta["skill"], "task_line")
+            if ep.task.skill:
+                text = insert_skill(text, ep.task.skill, "task_line", self.env.task_marker)
             ep.chat = ChatBuilder(self.tokenizer, system)
             ep.pending_user = text
             return ep.chat.prompt_ids(text)
@@ -133,9 +160,9 @@ class AgentLoop:
         for i, res in enumerate(results):
             task = tasks[i // group_size]
             ep = _Live(task, f"u{update}/{task.task_id}", res.episode_id, None)
-            ep.goal = res.info.get("task", "") or task.meta.get("goal", "")
+            ep.goal = res.info.get("task", "") or task.goal
             ep.observation = res.observation
-            ep.admissible = list(res.info.get("admissible_actions", []))
+            ep.admissible = _admissible(res.info, None)
             if _env_status(res) is Status.ENV_ERROR:
                 ep.done, ep.status, ep.error = True, Status.ENV_ERROR, res.error
             episodes.append(ep)
@@ -144,10 +171,17 @@ class AgentLoop:
             self._turn(live, spec, stats)
         return [self._record(ep) for ep in episodes], stats
 
+    def _generate(self, asking: list[_Live], prompts: list[list[int]], spec: Any) -> list[Any]:
+        if not getattr(self.engine, "accepts_views", False):
+            return self.engine.generate(prompts, spec)
+        views = [
+            EpisodeView(ep.task, ep.goal, ep.observation, ep.admissible, len(ep.turns))
+            for ep in asking
+        ]
+        return self.engine.generate(prompts, spec, views=views)
+
     def _turn(self, live: list[_Live], spec: Any, stats: RolloutStats) -> None:
         """One generation batch and one env step for every live episode."""
-        from envs.alfworld_prompt import parse_action
-
         prompts, asking = [], []
         for ep in live:
             ids = self._prompt_ids(ep)
@@ -159,7 +193,7 @@ class AgentLoop:
         if not asking:
             return
         try:
-            generations = self.engine.generate(prompts, spec)
+            generations = self._generate(asking, prompts, spec)
         except Exception as err:  # the engine gave up (after its own restarts)
             for ep in asking:
                 ep.done, ep.status, ep.error = True, Status.ENGINE_ERROR, str(err)
@@ -171,24 +205,35 @@ class AgentLoop:
             if not gen.token_ids:
                 ep.done, ep.status, ep.error = True, Status.ENGINE_ERROR, "empty generation"
                 continue
-            action, valid = parse_action(gen.text)
+            action, valid = self.env.parse_action(gen.text)
             ep.invalid += 0 if valid else 1
             stats.invalid_actions += 0 if valid else 1
+            executed = action if action is not None else gen.text
             ep.turns.append(
-                Turn(ep.pending_user, gen.text, list(gen.token_ids), list(gen.logprobs))
+                Turn(
+                    ep.pending_user,
+                    gen.text,
+                    list(gen.token_ids),
+                    list(gen.logprobs),
+                    observation=ep.observation,
+                    admissible=ep.admissible,
+                    executed=executed,
+                    valid=valid,
+                )
             )
             assert ep.chat is not None
             ep.chat.append_action(list(gen.token_ids), list(gen.logprobs))
             ep.history.append((ep.observation, action or gen.text.strip()))
             if gen.finish_reason == "length":
                 ep.cut_responses += 1  # an unfinished response is just an invalid action
-            actions[ep.env_id] = action if action is not None else gen.text
+            actions[ep.env_id] = executed
         stats.turns += len(actions)
         by_id = {ep.env_id: ep for ep in asking}
         for env_id, res in self.pool.step(actions).items():
             ep = by_id[env_id]
             ep.observation = res.observation
-            ep.admissible = list(res.info.get("admissible_actions", ep.admissible))
+            ep.admissible = _admissible(res.info, ep.admissible)
+            ep.reward += float(res.reward)
             ep.won = ep.won or res.won
             if res.done:
                 ep.done = True
@@ -200,16 +245,6 @@ class AgentLoop:
                 ep.done, ep.status = True, Status.MAX_STEPS
 
     def _record(self, ep: _Live) -> TrajectoryRecord:
-        reward = (1.0 if ep.won else 0.0) - self.cfg.invalid_action_penalty * ep.invalid
-        meta = dict(ep.task.meta)
-        meta.update(
-            goal=ep.goal,
-            invalid_actions=ep.invalid,
-            cut_responses=ep.cut_responses,
-            final_observation=ep.observation,
-        )
-        if ep.error:
-            meta["error"] = ep.error
         status = ep.status
         if status.trainable and not ep.turns:
             status = Status.ENV_ERROR if ep.error else Status.TRUNCATED
@@ -219,10 +254,23 @@ class AgentLoop:
             game=ep.task.game,
             family=ep.task.family,
             turns=ep.turns,
-            reward=reward,
+            reward=ep.reward - self.cfg.invalid_action_penalty * ep.invalid,
             won=ep.won,
             status=status,
+            env=self.env.name,
             history_mode=self.cfg.history_mode,
-            system_prompt=self.prompts.SYSTEM_PROMPT,
-            meta=meta,
+            system_prompt=self.prompts.system_prompt,
+            task_marker=self.env.task_marker,
+            goal=ep.goal,
+            final_observation=ep.observation if ep.turns else None,
+            invalid_actions=ep.invalid,
+            cut_responses=ep.cut_responses,
+            error=ep.error,
+            meta=dict(ep.task.meta),
         )
+
+
+def _admissible(info: dict[str, Any], previous: list[str] | None) -> list[str] | None:
+    """The admissible actions an env reported (its previous list if this reply has none)."""
+    listed = info.get("admissible_actions")
+    return list(listed) if listed is not None else previous

@@ -20,9 +20,9 @@ def _episode_chat(tokenizer: Any, record: TrajectoryRecord) -> ChatBuilder:
     chat = ChatBuilder(tokenizer, record.system_prompt)
     for i, turn in enumerate(record.turns):
         if i == 0:
-            chat.prompt_ids(turn.observation)
+            chat.prompt_ids(turn.user)
         else:
-            chat.append_user(turn.observation)
+            chat.append_user(turn.user)
         chat.append_action(turn.action_ids, turn.logprobs)
     return chat
 
@@ -56,8 +56,8 @@ def analyze_records(
     cfg: SkillConfig,
     max_prompt_tokens: int | None = None,
 ) -> dict[str, float]:
-    """Fill `skill` / `skill_valid` (and `meta["analysis"]`) of `records` in place; return
-    the analysis metrics (validity rate, retries, skill length, tokens)."""
+    """Fill `skill` and `analysis` of `records` in place; return the analysis metrics
+    (validity rate, retries, skill length, tokens)."""
     from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.skills.parse import (
         Generation,
@@ -92,8 +92,8 @@ def analyze_records(
 
     results = analyze_with_retries(generate, trainable, cfg)
     for record, done in zip(trainable, apply_results(trainable, results), strict=True):
-        record.skill, record.skill_valid, record.meta = done.skill, done.skill_valid, done.meta
+        record.skill, record.analysis = done.skill, done.analysis
     metrics = analysis_metrics(results)
-    metrics["skill/prompt_tokens"] = float(sum(r.prompt_tokens for r in results))
-    metrics["skill/completion_tokens"] = float(sum(r.completion_tokens for r in results))
+    metrics["analyze/prompt_tokens"] = float(sum(r.prompt_tokens for r in results))
+    metrics["analyze/completion_tokens"] = float(sum(r.completion_tokens for r in results))
     return metrics

@@ -4,7 +4,7 @@ Reads trajectory records (JSONL), asks an analyzer for one skill per trajectory 
 OpenAI-compatible endpoint, or ``--embedded`` offline), retries bad replies with the parse
 error quoted, and writes to ``--out``:
 
-- ``annotated.jsonl``: the records with ``skill``/``skill_valid`` and ``meta["analysis"]``;
+- ``annotated.jsonl``: the records with ``skill`` and the typed ``analysis``;
 - ``sft.jsonl``: the accepted pairs (x_tau, s_tau): the analyzer messages, the canonical
   JSON reply and the skill;
 - ``responses.jsonl``: every endpoint reply as it arrives (rerunning the same command
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from megatron_seed.cli import CommandError
 from megatron_seed.config import SkillConfig
 from megatron_seed.data.records import TrajectoryRecord, read_jsonl, write_jsonl
+from megatron_seed.errors import CommandError
 from megatron_seed.skills.prompt import LAYOUTS
 
 
@@ -35,7 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1"
     )
     parser.add_argument("--model", help="model name at the endpoint")
-    parser.add_argument("--embedded", action="store_true", help="offline analyzer (no endpoint)")
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="offline: the records' environment's oracle analyzer (no endpoint)",
+    )
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     parser.add_argument(
         "--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key"
@@ -64,14 +68,30 @@ def _load(path: str, limit: int | None) -> list[TrajectoryRecord]:
     return records
 
 
-def _analyzer(args: argparse.Namespace, out: Path) -> tuple[Any, Any]:
+def _oracle(records: list[TrajectoryRecord]) -> Any:
+    """The oracle analyzer of the records' environment (one environment per file)."""
+    from envs.spec import EnvSpecError, get_env
+
+    names = sorted({r.env for r in records})
+    if len(names) != 1 or not names[0]:
+        raise CommandError(f"--embedded needs records of one named environment, got {names}")
+    try:
+        env = get_env(names[0])
+    except EnvSpecError as err:
+        raise CommandError(str(err)) from None
+    if env.oracle_analyzer is None:
+        raise CommandError(f"environment {env.name!r} has no oracle analyzer")
+    return env.oracle_analyzer()
+
+
+def _analyzer(
+    args: argparse.Namespace, out: Path, records: list[TrajectoryRecord]
+) -> tuple[Any, Any]:
     """(generate_fn, its stats source) for the chosen analyzer."""
     if args.embedded:
         if args.base_url or args.model:
             raise CommandError("--embedded takes no --base-url/--model")
-        from megatron_seed.skills.embedded import EmbeddedAnalyzer
-
-        return EmbeddedAnalyzer(), None
+        return _oracle(records), None
     if not args.base_url or not args.model:
         raise CommandError(
             "give --base-url and --model (an OpenAI-compatible endpoint), or --embedded"
@@ -107,7 +127,7 @@ def _sft_rows(annotated: list[TrajectoryRecord], requests: list[Any]) -> list[di
     for record, request in zip(annotated, requests, strict=True):
         if not record.has_teacher:
             continue
-        summary = record.meta["analysis"].get("summary") or ""
+        summary = (record.analysis.summary if record.analysis else None) or ""
         rows.append(
             {
                 "trajectory_id": request.trajectory_id,
@@ -135,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     records = _load(args.inp, args.limit)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    generate_fn, client_stats = _analyzer(args, out)
+    generate_fn, client_stats = _analyzer(args, out, records)
     cfg = SkillConfig(
         analyzer_layout=args.layout,
         min_words=args.min_words,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_seed.config import SkillConfig
-from megatron_seed.data.records import TrajectoryRecord
+from megatron_seed.data.records import Analysis, TrajectoryRecord
 from megatron_seed.skills.prompt import (
     ANSWER_FORMAT,
     SKILL_PLACEHOLDER,
@@ -306,6 +306,20 @@ class AnalysisResult:
     def skill_words(self) -> int:
         return len(self.skill.split()) if self.skill else 0
 
+    def to_analysis(self) -> Analysis:
+        """The record's view of this result."""
+        return Analysis(
+            trajectory_id=self.trajectory_id,
+            valid=self.valid,
+            summary=self.summary,
+            error=self.error,
+            retries=self.retries,
+            attempts=self.attempts,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            transport_error=self.transport_error,
+        )
+
 
 def build_requests(
     records: Sequence[TrajectoryRecord], layout: AnalyzerLayout, min_words: int = 5
@@ -396,42 +410,26 @@ def analyze_with_retries(
 def apply_results(
     records: Sequence[TrajectoryRecord], results: Sequence[AnalysisResult]
 ) -> list[TrajectoryRecord]:
-    """Copies of the records with ``skill``/``skill_valid`` set and ``meta["analysis"]``."""
-    out = []
-    for record, res in zip(records, results, strict=True):
-        meta = dict(record.meta)
-        meta["analysis"] = {
-            "trajectory_id": res.trajectory_id,
-            "summary": res.summary,
-            "valid": res.valid,
-            "error": res.error,
-            "retries": res.retries,
-            "attempts": res.attempts,
-            "prompt_tokens": res.prompt_tokens,
-            "completion_tokens": res.completion_tokens,
-            "transport_error": res.transport_error,
-        }
-        out.append(
-            replace(
-                record, skill=res.skill if res.valid else None, skill_valid=res.valid, meta=meta
-            )
-        )
-    return out
+    """Copies of the records with `skill` (only if valid) and the typed `analysis` set."""
+    return [
+        replace(record, skill=res.skill if res.valid else None, analysis=res.to_analysis())
+        for record, res in zip(records, results, strict=True)
+    ]
 
 
 def analysis_metrics(results: Sequence[AnalysisResult]) -> dict[str, float]:
     """Validity rate, retries, skill length and tokens of a batch (for the metrics log)."""
     n = len(results)
     if n == 0:
-        return {"skill/n": 0.0}
+        return {"analyze/n": 0.0}
     valid = [r for r in results if r.valid]
     return {
-        "skill/n": float(n),
-        "skill/valid_rate": len(valid) / n,
-        "skill/retries_mean": statistics.fmean(r.retries for r in results),
-        "skill/retried_rate": sum(r.retries > 0 for r in results) / n,
-        "skill/transport_errors": float(sum(r.transport_error for r in results)),
-        "skill/words_mean": statistics.fmean(r.skill_words for r in valid) if valid else 0.0,
-        "skill/prompt_tokens": float(sum(r.prompt_tokens for r in results)),
-        "skill/completion_tokens": float(sum(r.completion_tokens for r in results)),
+        "analyze/n": float(n),
+        "analyze/valid_rate": len(valid) / n,
+        "analyze/retries_mean": statistics.fmean(r.retries for r in results),
+        "analyze/retried_rate": sum(r.retries > 0 for r in results) / n,
+        "analyze/transport_errors": float(sum(r.transport_error for r in results)),
+        "analyze/words_mean": statistics.fmean(r.skill_words for r in valid) if valid else 0.0,
+        "analyze/prompt_tokens": float(sum(r.prompt_tokens for r in results)),
+        "analyze/completion_tokens": float(sum(r.completion_tokens for r in results)),
     }

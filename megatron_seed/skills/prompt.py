@@ -16,36 +16,23 @@ Two layouts (``SkillConfig.analyzer_layout``):
   trajectory. `full_messages` gives the complete chat for a chat endpoint (needs ``full``
   history mode: a windowed episode has no single chat to continue).
 
-Observation texts in a record are the rendered user messages of `envs.alfworld_prompt`; the
-environment's own text is recovered from them (``... current observation is: X``), so the
-analyzer reads the interaction, not the actor's boilerplate.
+The serialised trajectory reads the record's facts (the goal, the environment's own
+observations, the executed actions and whether they parsed), so the analyzer reads the
+interaction, not the actor's boilerplate. The environment is described in the words of its
+spec (`EnvSpec.description`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Literal
 
-from megatron_seed.data.records import Status, TrajectoryRecord
+from megatron_seed.data.records import Status, TrajectoryRecord, Turn
 
 AnalyzerLayout = Literal["record", "continuation"]
 LAYOUTS: tuple[AnalyzerLayout, ...] = ("record", "continuation")
 Message = dict[str, str]
-
-TASK_PREFIX = "Your task is to:"
-COMPACT_ACTIONS_PREFIX = "Actions: "  # the compact prompt style's action list line
-_TASK_LINE = re.compile(r"^\s*Your task is to:\s*(.+?)\s*$", re.MULTILINE)
-_CURRENT_OBS = re.compile(
-    r"current observation is:\s*(.*?)\s*(?:\n\s*Your admissible actions|\Z)",
-    re.DOTALL | re.IGNORECASE,
-)
-_ADMISSIBLE = re.compile(
-    r"Your admissible actions of the current situation are:\s*\[(.*)\]", re.IGNORECASE
-)
-_QUOTED = re.compile(r"'([^']*)'")
-_ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 
 # Placeholders of the answer format; a "skill" equal to one of them is a copy, not a skill.
 SUMMARY_PLACEHOLDER = "<one or two sentences on what happened>"
@@ -54,9 +41,10 @@ ANSWER_FORMAT = json.dumps({"summary": SUMMARY_PLACEHOLDER, "skill": SKILL_PLACE
 
 _ROLE = (
     "You are an expert trajectory analyzer. You read a completed episode of an agent acting "
-    "in a text-based household environment (ALFWorld) and distill it into one hindsight "
+    "in {environment} and distill it into one hindsight "
     "skill: natural-language guidance that would help the agent on similar tasks."
 )
+DEFAULT_DESCRIPTION = "an interactive text environment"
 _SUCCESS = (
     "The episode SUCCEEDED. Write the skill as a reusable workflow: the decisive steps in the "
     "order that made it work, stated so it transfers to similar tasks. Start it with "
@@ -79,59 +67,38 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def role(record: TrajectoryRecord) -> str:
+    """The analyzer's role line, naming the record's environment."""
+    description = DEFAULT_DESCRIPTION
+    if record.env:
+        from envs.spec import get_env
+
+        description = get_env(record.env).description or DEFAULT_DESCRIPTION
+    return _ROLE.format(environment=description)
+
+
 def task_of(record: TrajectoryRecord) -> str:
-    """The task instruction: the "Your task is to:" line, else ``meta["goal"]``."""
-    if record.turns:
-        match = _TASK_LINE.search(record.turns[0].observation)
-        if match:
-            return match.group(1).rstrip(".")
-    goal = record.meta.get("goal") or record.meta.get("task") or ""
-    return one_line(str(goal)).rstrip(".")
+    """The task instruction, as the environment stated it (no trailing period)."""
+    return one_line(record.goal).rstrip(".")
 
 
-def env_observation(user_text: str) -> str:
-    """The environment's text inside a rendered actor message (the text itself if raw)."""
-    match = _CURRENT_OBS.search(user_text)
-    if match:
-        return one_line(match.group(1))
-    lines = [
-        ln
-        for ln in user_text.splitlines()
-        if not ln.strip().startswith((TASK_PREFIX, COMPACT_ACTIONS_PREFIX))
-    ]
-    return one_line("\n".join(lines))
-
-
-def admissible_actions(user_text: str) -> list[str] | None:
-    """The admissible actions listed in a rendered actor message; None if it lists none."""
-    match = _ADMISSIBLE.search(user_text)
-    if match:
-        return _QUOTED.findall(match.group(1))
-    for line in user_text.splitlines():  # the compact style: "Actions: a; b; c."
-        if line.startswith(COMPACT_ACTIONS_PREFIX):
-            return line.removeprefix(COMPACT_ACTIONS_PREFIX).removesuffix(".").split("; ")
-    return None
-
-
-def action_of(action_text: str) -> tuple[str | None, bool]:
-    """The executed action of a response: the last ``<action>`` (lower case), or (None, False)."""
-    matches = _ACTION_TAG.findall(action_text or "")
-    if not matches:
+def action_of(turn: Turn) -> tuple[str | None, bool]:
+    """The executed action of a turn, or (None, False) when its reply held none."""
+    if not turn.valid or not turn.executed:
         return None, False
-    action = one_line(matches[-1]).lower()
-    return (action, True) if action else (None, False)
+    return turn.executed, True
 
 
 def step_feedback(record: TrajectoryRecord) -> list[str | None]:
     """The environment's answer to each action (None where the record does not hold it).
 
-    The answer to action t is the observation of turn t+1; the last action's answer is
-    ``meta["final_observation"]`` (written by the rollout loop) if present.
+    The answer to action t is the observation before turn t+1; the last action's answer is
+    the record's `final_observation`.
     """
-    feedback: list[str | None] = [env_observation(t.observation) for t in record.turns[1:]]
-    final = record.meta.get("final_observation")
+    feedback: list[str | None] = [one_line(t.observation) for t in record.turns[1:]]
     if record.turns:
-        feedback.append(one_line(str(final)) if final else None)
+        final = record.final_observation
+        feedback.append(one_line(final) if final else None)
     return feedback
 
 
@@ -153,9 +120,9 @@ def serialize_trajectory(record: TrajectoryRecord) -> str:
     """x_tau: task, initial observation, every step's action and answer, outcome."""
     lines = [f"Task: {task_of(record) or '(unknown)'}"]
     if record.turns:
-        lines.append(f"Initial observation: {env_observation(record.turns[0].observation)}")
+        lines.append(f"Initial observation: {one_line(record.turns[0].observation)}")
     for i, (turn, answer) in enumerate(zip(record.turns, step_feedback(record), strict=True)):
-        action, ok = action_of(turn.action)
+        action, ok = action_of(turn)
         shown = (
             action if ok else f"(no valid action; the reply was: {one_line(turn.action)[:200]!r})"
         )
@@ -174,7 +141,7 @@ def _instructions(record: TrajectoryRecord, min_words: int) -> str:
 def record_prompt(record: TrajectoryRecord, min_words: int = 5) -> str:
     """The ``record`` layout's single user message."""
     return (
-        f"{_ROLE}\n\n## Episode\n{serialize_trajectory(record)}\n\n"
+        f"{role(record)}\n\n## Episode\n{serialize_trajectory(record)}\n\n"
         f"## Your answer\n{_instructions(record, min_words)}"
     )
 
@@ -185,7 +152,7 @@ def continuation_request(record: TrajectoryRecord, min_words: int = 5) -> str:
     last = f"\nThe last action's result: {final}" if final else ""
     return (
         f"The episode above has ended. Outcome: {outcome_text(record)}.{last}\n\n"
-        f"Now stop acting. {_ROLE}\n{_instructions(record, min_words)}"
+        f"Now stop acting. {role(record)}\n{_instructions(record, min_words)}"
     )
 
 
@@ -200,7 +167,7 @@ def episode_messages(record: TrajectoryRecord) -> list[Message]:
     if record.system_prompt:
         messages.append({"role": "system", "content": record.system_prompt})
     for turn in record.turns:
-        messages.append({"role": "user", "content": turn.observation})
+        messages.append({"role": "user", "content": turn.user})
         messages.append({"role": "assistant", "content": turn.action})
     return messages
 
@@ -231,8 +198,8 @@ def trajectory_id(record: TrajectoryRecord) -> str:
         return str(given)
     content = json.dumps(
         [record.task_id, record.group_id, record.game, record.won, record.status.value]
-        + [[t.observation, t.action] for t in record.turns]
-        + [record.meta.get("final_observation")],
+        + [[t.user, t.action] for t in record.turns]
+        + [record.final_observation],
         ensure_ascii=False,
     )
     return f"{record.task_id}:{hashlib.sha256(content.encode()).hexdigest()[:16]}"

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from envs.spec import get_env
 from megatron_seed.config import RolloutConfig
 from megatron_seed.data import Status
 from megatron_seed.data.sequences import build_sequences
 from megatron_seed.rollout.agent_loop import AgentLoop, Task
-from megatron_seed.rollout.scripted import ScriptedEngine, expert_policy, random_policy
+from megatron_seed.testbed.scripted import ScriptedEngine, expert_policy, random_policy
+
+ALFWORLD = get_env("alfworld")
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.distributed
@@ -33,24 +36,26 @@ def pool():
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
-    from envs.alfworld_env import expert_plan, game_family
-    from envs.alfworld_games import generate_games
+    from envs.alfworld.env import expert_plan, game_family
+    from envs.alfworld.games import generate_games
 
     games = generate_games(tmp_path_factory.mktemp("games"), "train", n=6, seed=3)
     return [
-        Task(f"t{i}", str(g), game_family(g), {"plan": expert_plan(g)}) for i, g in enumerate(games)
+        Task(f"t{i}", str(g), game_family(g), meta={"plan": expert_plan(g)})
+        for i, g in enumerate(games)
     ]
 
 
 def test_expert_engine_wins_and_records_align(pool, tasks, tiny_tokenizer):
-    # goals come from the engine's own first observation; learn them with one reset
-    first = pool.reset([t.game for t in tasks])
-    plans = {r.info["task"].rstrip("."): t.meta["plan"] for r, t in zip(first, tasks, strict=True)}
-    assert len(plans) == len(tasks), "goals must be distinct for the scripted expert"
-    pool.step({r.episode_id: "look" for r in first})
-    engine = ScriptedEngine(tiny_tokenizer, expert_policy(plans))
+    engine = ScriptedEngine(
+        tiny_tokenizer, expert_policy({t.task_id: t.meta["plan"] for t in tasks})
+    )
     loop = AgentLoop(
-        engine, pool, tiny_tokenizer, RolloutConfig(max_steps=12, max_prompt_tokens=100_000)
+        engine,
+        pool,
+        tiny_tokenizer,
+        RolloutConfig(max_steps=12, max_prompt_tokens=100_000),
+        ALFWORLD,
     )
     records, stats = loop.run(tasks, group_size=2, spec=None)
     assert len(records) == 12 and stats.episodes == 12
@@ -58,7 +63,13 @@ def test_expert_engine_wins_and_records_align(pool, tasks, tiny_tokenizer):
     for r in records:
         assert len(r.turns) == len(r.meta["plan"])
         assert r.group_id.endswith(r.task_id)
-        assert "Your task is to: " in r.turns[0].observation
+        assert "Your task is to: " in r.turns[0].user and r.goal in r.turns[0].user
+        # the environment's facts: what it said, what it listed, what was executed
+        assert [t.executed for t in r.turns] == r.meta["plan"] and all(t.valid for t in r.turns)
+        assert all(t.executed in t.admissible for t in r.turns)
+        assert r.turns[0].observation.startswith("You are in the middle of a room")
+        assert r.final_observation and r.invalid_actions == 0 and r.env == "alfworld"
+        assert r.turns[1].observation in r.turns[1].user  # rendered from the env's text
         (pair,) = build_sequences(r, tiny_tokenizer, "task_line", with_teacher=False)
         assert pair.student.action_ids() == [i for t in r.turns for i in t.action_ids]
     assert stats.invalid_actions == 0
@@ -67,7 +78,11 @@ def test_expert_engine_wins_and_records_align(pool, tasks, tiny_tokenizer):
 def test_random_engine_rarely_wins_and_hits_the_step_budget(pool, tasks, tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, random_policy(seed=1))
     loop = AgentLoop(
-        engine, pool, tiny_tokenizer, RolloutConfig(max_steps=12, max_prompt_tokens=100_000)
+        engine,
+        pool,
+        tiny_tokenizer,
+        RolloutConfig(max_steps=12, max_prompt_tokens=100_000),
+        ALFWORLD,
     )
     records, _ = loop.run(tasks, group_size=1, spec=None)
     assert sum(r.won for r in records) <= 2
@@ -78,7 +93,7 @@ def test_random_engine_rarely_wins_and_hits_the_step_budget(pool, tasks, tiny_to
 def test_prompt_budget_truncates(pool, tasks, tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, random_policy(seed=2))
     cfg = RolloutConfig(max_steps=12, max_prompt_tokens=700)
-    records, _ = AgentLoop(engine, pool, tiny_tokenizer, cfg).run(
+    records, _ = AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD).run(
         tasks[:2], group_size=1, spec=None
     )
     assert all(r.status is Status.TRUNCATED and 0 < len(r.turns) < 12 for r in records)
@@ -89,14 +104,13 @@ def test_window_mode_prompts_hold_the_history(pool, tasks, tiny_tokenizer):
     cfg = RolloutConfig(
         max_steps=4, max_prompt_tokens=100_000, history_mode="window", history_window=2
     )
-    (record,) = AgentLoop(engine, pool, tiny_tokenizer, cfg).run(
+    (record,) = AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD).run(
         tasks[:1], group_size=1, spec=None
     )[0]
     assert record.history_mode == "window" and len(record.turns) == 4
-    assert all(t.observation.count("Your task is to: ") == 1 for t in record.turns)
+    assert all(t.user.count("Your task is to: ") == 1 for t in record.turns)
     assert (
-        "[Observation 2:" in record.turns[3].observation
-        and "[Observation 1:" not in record.turns[3].observation
+        "[Observation 2:" in record.turns[3].user and "[Observation 1:" not in record.turns[3].user
     )
     pairs = build_sequences(record, tiny_tokenizer, "task_line", with_teacher=False)
     assert len(pairs) == 4

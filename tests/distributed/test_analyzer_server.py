@@ -41,10 +41,12 @@ REPO = Path(__file__).resolve().parents[2]
 def make_record(i: int, won: bool = False) -> TrajectoryRecord:
     """A one-step record (short prompt: it must fit a tiny model's context)."""
     user = f"Your task is to: put a mug {i} in the fridge.\nYour current observation is: a room."
-    turn = Turn(user, "<action>go to fridge 1</action>", [5, 2], [-0.1, -0.2])
+    turn = Turn(user, "<action>go to fridge 1</action>", [5, 2], [-0.1, -0.2],
+                observation="a room.", executed="go to fridge 1")  # fmt: skip
     return TrajectoryRecord(
         task_id=f"t{i}", group_id="g", game="", family="pick", turns=[turn], reward=float(won),
-        won=won, status=Status.OK, meta={"final_observation": "You arrive at fridge 1."},
+        won=won, status=Status.OK, goal=f"put a mug {i} in the fridge",
+        final_observation="You arrive at fridge 1.",
     )  # fmt: skip
 
 
@@ -302,8 +304,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.importorskip("vllm")
-    from megatron_seed.data.tokenizer import build_tokenizer
-    from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.testbed.tokenizer import build_tokenizer
     from tests.conftest import TINY_CORPUS
 
     model = tmp_path_factory.mktemp("vllm_tiny")

@@ -12,8 +12,8 @@ def _setup(hf_dir, tok_dir, tp, pp, cfg, **records_kw):
     from transformers import AutoTokenizer
 
     from megatron_seed.models.parallel import init_parallel
+    from megatron_seed.testbed.synthetic import synthetic_records
     from megatron_seed.train.batch import build_policy_batch
-    from megatron_seed.train.synthetic import synthetic_records
     from megatron_seed.train.trainer import SeedTrainer
 
     init_parallel(tp, pp)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from megatron_seed.pipeline.base_policy import (
+from megatron_seed.testbed.base_policy import (
     MANIFEST,
     BasePolicyCacheError,
     BasePolicySettings,
@@ -40,12 +40,13 @@ def built(tmp_path_factory):
 
 def test_cache_is_reused_and_guarded(built):
     out, model_dir, _ = built
-    start = time.perf_counter()
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     again = build_base_policy(
         out, games_dir=out.parent / "games", progress=False, measure=False, settings=SMALL
     )
     assert again == model_dir
-    assert time.perf_counter() - start < 10  # no rebuild
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == stamps
+    assert not out.with_name(out.name + ".partial").exists()  # no rebuild started
     other = dataclasses.replace(SMALL, train_steps=SMALL.train_steps + 1)
     with pytest.raises(BasePolicyCacheError, match="other settings"):
         build_base_policy(

@@ -8,11 +8,12 @@ import os
 import pytest
 
 from megatron_seed.config import OptimConfig, SeedConfig, SkillConfig
-from megatron_seed.data.tokenizer import build_tokenizer
-from megatron_seed.models.tiny import make_tiny_qwen
+from megatron_seed.data import Analysis
 from megatron_seed.pipeline.stage1 import answer_text, run_sft, sft_sequence
 from megatron_seed.skills.prompt import record_prompt
-from megatron_seed.train.synthetic import synthetic_records
+from megatron_seed.testbed.synthetic import synthetic_records
+from megatron_seed.testbed.tiny import make_tiny_qwen
+from megatron_seed.testbed.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def setup(tmp_path_factory):
     tok = build_tokenizer(corpus * 2, 1024, root / "model")
     records = synthetic_records(tok, groups=8, group_size=2, turns=2, seed=1)
     for r in records:
-        r.skill_valid = True
+        r.analysis = Analysis(r.task_id, valid=True)
     make_tiny_qwen(
         root / "model",
         vocab_size=-(-len(tok) // 4) * 4,
@@ -75,6 +76,6 @@ def test_sft_lowers_nll_and_raises_validity(setup):
         )[12:]
         rates[name] = analyze_records(
             engine, tok, held_out, SkillConfig(max_tokens=96, max_retries=0)
-        )["skill/valid_rate"]
+        )["analyze/valid_rate"]
         del engine
     assert rates["after"] > rates["before"], rates

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.tiny_world import make_tiny_world, train_command
+from megatron_seed.testbed.tiny_world import make_tiny_world, train_command
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_seed_train_three_updates_then_resume(setup):
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert r["rollout/episodes"] == 16  # B=4 tasks x N=4
-        assert r["skill/n"] >= 1 and 0.0 <= r["skill/valid_rate"] <= 1.0
+        assert r["analyze/n"] >= 1
         assert r["sync/bytes"] > 0
         for phase in ("rollout", "analyze", "train", "sync"):
             assert r[f"time/{phase}"] > 0
@@ -46,7 +46,13 @@ def test_seed_train_three_updates_then_resume(setup):
         assert rec["turns"] and all(
             len(t["action_ids"]) == len(t["logprobs"]) for t in rec["turns"]
         )
-        assert rec["skill_valid"] in (True, False) and "analysis" in rec["meta"]
+        # an analysed record carries a typed analysis; only a valid one carries a skill
+        assert (rec["skill"] is not None) == rec["analysis"]["valid"]
+        assert rec["env"] == "alfworld" and rec["goal"] and rec["turns"][0]["observation"]
+    analysed = [rec for rec in records if rec["analysis"] is not None]
+    assert rows[0]["analyze/n"] == len(analysed)
+    valid = sum(rec["analysis"]["valid"] for rec in analysed)
+    assert rows[0]["analyze/valid_rate"] == pytest.approx(valid / len(analysed))
     assert (root / "out" / "checkpoints" / "latest").read_text().strip() == "step_000003"
     # resume: one more update continues from step 3
     proc = _train(root, "--updates", "4")

@@ -7,26 +7,25 @@ import random
 
 import pytest
 
-from megatron_seed.pipeline.base_policy import (
+from envs.alfworld.expert import PlanningEnv, join_steps, plan_hint, play_clean, play_noisy
+from envs.spec import get_env
+from megatron_seed.testbed.base_policy import (
     MANIFEST,
     BasePolicyCacheError,
     BasePolicySettings,
-    PlanningEnv,
     Rendering,
     cache_key,
-    join_steps,
-    length_batches,
     load_cached,
-    lr_at,
-    plan_hint,
-    play_clean,
-    play_noisy,
 )
+from megatron_seed.testbed.base_policy.demos import user_messages
+from megatron_seed.testbed.base_policy.training import length_batches, lr_at
+
+ALFWORLD = get_env("alfworld")
 
 
 @pytest.fixture(scope="module")
 def game(tmp_path_factory):
-    from envs.alfworld_games import RoomSize, generate_games
+    from envs.alfworld.games import RoomSize, generate_games
 
     root = tmp_path_factory.mktemp("games")
     return generate_games(root, "train", 1, 3, RoomSize(4, 1), ["heat"])[0]
@@ -58,7 +57,7 @@ def test_hint_goes_right_after_the_task_line(game):
         (Rendering("compact", "window", 2), True),
         (Rendering("paper", "full", 2), False),
     ):
-        users = hinted.user_messages(how)
+        users = user_messages(hinted, how, ALFWORLD)
         for i, text in enumerate(users):
             lines = text.splitlines()
             task = [k for k, line in enumerate(lines) if line.startswith("Your task is to: ")]
@@ -72,27 +71,25 @@ def test_hint_goes_right_after_the_task_line(game):
 def test_demo_renders_as_the_agent_loop_does(game, tiny_tokenizer):
     """The demonstration's window prompts are the ones the agent loop would build from the
     same observations, and its training sequences put loss on the action tokens only."""
-    from envs.alfworld_prompt import prompt_style
-    from megatron_seed.pipeline.base_policy import action_text, demo_sequences
+    from envs.alfworld.prompt import prompt_style
+    from megatron_seed.testbed.base_policy.demos import action_text, demo_sequences
 
     env = PlanningEnv()
     clean = play_clean(env, game)
     how = Rendering("compact", "window", 2)
-    users = clean.user_messages(how)
+    users = user_messages(clean, how, ALFWORLD)
     style = prompt_style("compact")
     k = 3
     pairs = list(zip(clean.observations[:k], clean.actions[:k], strict=True))[-2:]
-    expected = style.render_window_prompt(
-        clean.goal, pairs, clean.observations[k], k, clean.admissible[k]
-    )
+    expected = style.window(clean.goal, pairs, clean.observations[k], k, clean.admissible[k])
     assert users[k] == expected and "Actions: " in expected
     tok = tiny_tokenizer
-    seqs = demo_sequences(clean, tok, how)
+    seqs = demo_sequences(clean, tok, how, ALFWORLD)
     assert len(seqs) == len(clean.actions)
     for seq, action in zip(seqs, clean.actions, strict=True):
         target = [t for t, m in zip(seq.input_ids, seq.action_mask, strict=True) if m]
         assert tok.decode(target, skip_special_tokens=True) == action_text(action)
-    (full,) = demo_sequences(clean, tok, Rendering("compact", "full", 2))
+    (full,) = demo_sequences(clean, tok, Rendering("compact", "full", 2), ALFWORLD)
     assert sum(full.action_mask) == sum(sum(q.action_mask) for q in seqs)
 
 
@@ -141,7 +138,7 @@ def test_cache_guard(tmp_path):
     done = tmp_path / "done"
     (done / "model").mkdir(parents=True)
     (done / "model" / "config.json").write_text("{}")
-    from megatron_seed.pipeline.base_policy import _file_table
+    from megatron_seed.testbed.base_policy.build import _file_table
 
     (done / MANIFEST).write_text(json.dumps({"key": key, "files": _file_table(done)}))
     assert load_cached(done, key) == done / "model"

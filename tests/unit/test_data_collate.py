@@ -10,6 +10,7 @@ from megatron_seed.algo import opd_gate, seed_loss
 from megatron_seed.config import AlgoConfig
 from megatron_seed.data import (
     IM_END,
+    Analysis,
     ChatBuilder,
     TokenSequence,
     TrajectoryRecord,
@@ -118,7 +119,8 @@ def play(model, tok, n_turns: int, seed: int, max_tokens: int = 6) -> Trajectory
         turns.append(Turn(obs, tok.decode(ids), ids, lps))
     return TrajectoryRecord(
         "t", "g", "game", "pick", turns, 0.0, False, system_prompt="Be an agent.",
-        skill="Look in the cabinet first.", skill_valid=seed % 2 == 0,
+        task_marker="Your task is to:", skill="Look in the cabinet first." if seed % 2 == 0 else None,
+        analysis=Analysis("t", valid=seed % 2 == 0),
     )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from megatron_seed.data import (
     IM_END,
+    Analysis,
     ChatBuilder,
     TokenSequence,
     TrajectoryRecord,
@@ -19,6 +20,7 @@ from megatron_seed.data import (
 )
 
 SYSTEM = "You are an expert agent."
+MARKER = "Your task is to:"  # the task line H inserts after (an environment's)
 OBS = [
     "You are an expert agent operating in the ALFRED Embodied Environment.\n"
     "Your task is to: put a clean mug in coffeemachine.\n"
@@ -49,8 +51,9 @@ def _record(tok, *, eos: tuple[bool, ...] = (True, True, False), **overrides) ->
         "reward": 1.0,
         "won": True,
         "system_prompt": SYSTEM,
+        "task_marker": MARKER,
         "skill": SKILL,
-        "skill_valid": True,
+        "analysis": Analysis("t", valid=True),
     }
     data.update(overrides)
     return TrajectoryRecord(**data)
@@ -64,7 +67,7 @@ def _chat_messages(record: TrajectoryRecord) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": record.system_prompt}]
     for turn in record.turns:
         messages += [
-            {"role": "user", "content": turn.observation},
+            {"role": "user", "content": turn.user},
             {"role": "assistant", "content": turn.action},
         ]
     return messages
@@ -82,11 +85,11 @@ def _ids(tok, messages, generation_prompt: bool) -> list[int]:
 
 def test_insert_skill_task_line_exact_text() -> None:
     text = "Role line.\nYour task is to: heat an egg.\nYou see a microwave."
-    assert insert_skill(text, "Use the microwave.", "task_line") == (
+    assert insert_skill(text, "Use the microwave.", "task_line", MARKER) == (
         "Role line.\nYour task is to: heat an egg.\n[Hindsight skill]\nUse the microwave.\n"
         "\nYou see a microwave."
     )
-    assert insert_skill("Your task is to: x", "S", "task_line") == (
+    assert insert_skill("Your task is to: x", "S", "task_line", MARKER) == (
         "Your task is to: x\n[Hindsight skill]\nS\n"
     )
 
@@ -95,13 +98,18 @@ def test_insert_skill_system_and_failures() -> None:
     assert insert_skill("Be brief.", "S", "system") == "Be brief.\n[Hindsight skill]\nS\n"
     assert insert_skill(None, "S", "system") == "[Hindsight skill]\nS\n"
     with pytest.raises(ValueError, match="Your task is to:"):
-        insert_skill("You see a desk.", "S", "task_line")
+        insert_skill("You see a desk.", "S", "task_line", MARKER)
     with pytest.raises(ValueError, match="Your task is to:"):  # mid-line does not count
-        insert_skill("Role. Your task is to: x", "S", "task_line")
+        insert_skill("Role. Your task is to: x", "S", "task_line", MARKER)
     with pytest.raises(ValueError, match="found 2"):
-        insert_skill("Your task is to: a\nYour task is to: b", "S", "task_line")
+        insert_skill("Your task is to: a\nYour task is to: b", "S", "task_line", MARKER)
+    with pytest.raises(ValueError, match="task-line marker"):  # the environment has none
+        insert_skill("Your task is to: x", "S", "task_line", None)
+    assert insert_skill("Goal: x\nGo.", "S", "task_line", "Goal:") == (
+        "Goal: x\n[Hindsight skill]\nS\n\nGo."
+    )  # any environment's marker
     with pytest.raises(ValueError, match="empty skill"):
-        insert_skill("Your task is to: a", "  ", "task_line")
+        insert_skill("Your task is to: a", "  ", "task_line", MARKER)
 
 
 # ---------------------------------------------------------------- ChatBuilder
@@ -116,7 +124,7 @@ def test_chat_builder_prompts_match_chat_template_and_prefix_training_sequence(
     messages = _chat_messages(record)
     prompts = []
     for k, turn in enumerate(record.turns):
-        prompt = chat.prompt_ids(turn.observation) if k == 0 else chat.append_user(turn.observation)
+        prompt = chat.prompt_ids(turn.user) if k == 0 else chat.append_user(turn.user)
         assert prompt == _ids(tok, messages[: 2 + 2 * k], generation_prompt=True)
         prompts.append(prompt)
         chat.append_action(turn.action_ids, turn.logprobs)
@@ -191,7 +199,7 @@ def test_full_mode_teacher_inserts_skill_in_first_user_message_only(tiny_tokeniz
     (pair,) = build_sequences(record, tok, skill_insert_at="task_line")
     assert pair.turn is None
     first = dataclasses.replace(
-        record.turns[0], observation=insert_skill(OBS[0], SKILL, "task_line")
+        record.turns[0], user=insert_skill(OBS[0], SKILL, "task_line", MARKER)
     )
     teacher_record = dataclasses.replace(record, turns=[first, *record.turns[1:]])
     (plain,) = build_sequences(teacher_record, tok, skill_insert_at="task_line", with_teacher=False)
@@ -219,7 +227,7 @@ def test_window_mode_one_pair_per_turn_with_skill_in_every_prompt(tiny_tokenizer
     ]
     record = _record(tok, history_mode="window")
     record.turns = [
-        dataclasses.replace(t, observation=o) for t, o in zip(record.turns, window_obs, strict=True)
+        dataclasses.replace(t, user=o) for t, o in zip(record.turns, window_obs, strict=True)
     ]
     pairs = build_sequences(record, tok, skill_insert_at="task_line")
     assert [p.turn for p in pairs] == [0, 1, 2]
@@ -238,7 +246,7 @@ def test_window_mode_one_pair_per_turn_with_skill_in_every_prompt(tiny_tokenizer
 
 def test_no_teacher_without_a_valid_skill(tiny_tokenizer) -> None:
     tok = tiny_tokenizer
-    for record in (_record(tok, skill_valid=False), _record(tok, skill=None)):
+    for record in (_record(tok, analysis=Analysis("t", valid=False)), _record(tok, skill=None)):
         (pair,) = build_sequences(record, tok, skill_insert_at="task_line")
         assert pair.teacher is None
     (pair,) = build_sequences(_record(tok), tok, skill_insert_at="task_line", with_teacher=False)
@@ -248,7 +256,7 @@ def test_no_teacher_without_a_valid_skill(tiny_tokenizer) -> None:
 def test_missing_task_line_fails_loud_at_build(tiny_tokenizer) -> None:
     tok = tiny_tokenizer
     record = _record(tok)
-    record.turns[0] = dataclasses.replace(record.turns[0], observation="You see a desk.")
+    record.turns[0] = dataclasses.replace(record.turns[0], user="You see a desk.")
     with pytest.raises(ValueError, match="Your task is to:"):
         build_sequences(record, tok, skill_insert_at="task_line")
     build_sequences(record, tok, skill_insert_at="system")  # system insertion needs no task line

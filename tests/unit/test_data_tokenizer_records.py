@@ -11,13 +11,14 @@ from megatron_seed.data import (
     ENDOFTEXT,
     IM_END,
     IM_START,
+    Analysis,
     Status,
     TrajectoryRecord,
     Turn,
-    build_tokenizer,
     read_jsonl,
     write_jsonl,
 )
+from megatron_seed.testbed.tokenizer import build_tokenizer
 
 PROBES = [
     "Your task is to: put a clean mug in coffeemachine.",
@@ -78,13 +79,19 @@ def _record(**overrides) -> TrajectoryRecord:
         "game": "pick_and_place_simple-Mug-None-CoffeeMachine-7/trial_1",
         "family": "pick",
         "turns": [
-            Turn("Your task is to: a mug.\n…", "go to desk 1", [5, 6, 2], [-0.1, -2e-7, -1e-30]),
-            Turn("You arrive at desk 1.", "take mug 1", [7, 8], [-0.3, -0.7]),
+            Turn("Your task is to: a mug.\n…", "go to desk 1", [5, 6, 2], [-0.1, -2e-7, -1e-30],
+                 observation="You are in a room.", admissible=["go to desk 1", "look"],
+                 executed="go to desk 1"),
+            Turn("You arrive at desk 1.", "<action", [7, 8], [-0.3, -0.7],
+                 observation="You arrive at desk 1.", executed="<action", valid=False),
         ],
         "reward": 1.0,
         "won": True,
+        "goal": "put a mug in desk",
+        "final_observation": "You pick up the mug 1.",
+        "invalid_actions": 1,
         "skill": "Workflow: find the mug, then place it. Ünïcode ok.",
-        "skill_valid": True,
+        "analysis": Analysis("t-1:abc", valid=True, summary="It worked.", attempts=1),
         "status": Status.MAX_STEPS,
         "history_mode": "window",
         "system_prompt": None,
@@ -102,14 +109,24 @@ def test_record_json_round_trip_is_exact(tmp_path) -> None:
     assert again == record
     assert again.turns[0].logprobs == [-0.1, -2e-7, -1e-30]  # floats bit-exact
     assert isinstance(again.status, Status) and isinstance(again.turns[1], Turn)
-    records = [record, _record(task_id="t-2", skill=None, skill_valid=False, status="ok")]
+    assert isinstance(again.analysis, Analysis) and again.turns[1].valid is False
+    records = [record, _record(task_id="t-2", skill=None, analysis=None, status="ok")]
     write_jsonl(records, tmp_path / "r.jsonl")
     assert list(read_jsonl(tmp_path / "r.jsonl")) == records
 
 
 def test_record_validation_fails_loud() -> None:
-    with pytest.raises(ValueError, match="unknown record keys"):
+    with pytest.raises(ValueError, match=r"unknown TrajectoryRecord keys \['rewrad'\]"):
         TrajectoryRecord.from_dict({**_record().to_dict(), "rewrad": 1.0})
+    data = _record().to_dict()
+    data["turns"][0]["obs"] = "x"
+    with pytest.raises(ValueError, match=r"unknown Turn keys \['obs'\]"):
+        TrajectoryRecord.from_dict(data)
+    with pytest.raises(ValueError, match="schema 1 is not the current 2"):
+        TrajectoryRecord.from_dict({**_record().to_dict(), "schema": 1})
+    old = {k: v for k, v in _record().to_dict().items() if k != "schema"}
+    with pytest.raises(ValueError, match="schema 1"):  # written before the schema field
+        TrajectoryRecord.from_dict(old)
     with pytest.raises(ValueError, match="log-probs"):
         Turn("obs", "a", [1, 2], [-0.1])
     with pytest.raises(ValueError):
@@ -121,8 +138,9 @@ def test_record_validation_fails_loud() -> None:
 def test_status_trainable_and_has_teacher() -> None:
     assert [s.value for s in Status if s.trainable] == ["ok", "max_steps", "truncated"]
     assert _record().has_teacher
-    assert not _record(skill_valid=False).has_teacher
-    assert not _record(skill="", skill_valid=True).has_teacher
+    assert not _record(analysis=Analysis("t", valid=False)).has_teacher
+    assert not _record(analysis=None).has_teacher
+    assert not _record(skill="").has_teacher
 
 
 def test_ids_identical_when_loaded_from_a_qwen2_model_folder(tmp_path, tiny_tokenizer):
@@ -132,7 +150,7 @@ def test_ids_identical_when_loaded_from_a_qwen2_model_folder(tmp_path, tiny_toke
 
     from transformers import AutoTokenizer
 
-    from megatron_seed.data.tokenizer import save_tokenizer
+    from megatron_seed.testbed.tokenizer import save_tokenizer
 
     save_tokenizer(tiny_tokenizer, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 512}))

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_seed.data import TrajectoryRecord, write_jsonl
+from megatron_seed.data import Analysis, TrajectoryRecord, write_jsonl
 from megatron_seed.data.records import Turn
-from megatron_seed.pipeline.commands_compare import time_table
-from megatron_seed.pipeline.default_job import (
+from megatron_seed.pipeline.stage2 import library_skills
+from megatron_seed.testbed.commands_compare import time_table
+from megatron_seed.testbed.default_job import (
     METHODS,
     QUICK,
     job_config,
     method_of,
     skill_library,
 )
-from megatron_seed.pipeline.stage2 import library_skills
 
 
 def _record(game: str, won: bool, skill: str | None, valid: bool) -> TrajectoryRecord:
-    turn = Turn(observation="obs", action="<action>look</action>", action_ids=[5], logprobs=[-1.0])
+    turn = Turn(user="obs", action="<action>look</action>", action_ids=[5], logprobs=[-1.0])
     return TrajectoryRecord(
         task_id=game,
         group_id=game,
@@ -29,7 +29,7 @@ def _record(game: str, won: bool, skill: str | None, valid: bool) -> TrajectoryR
         reward=float(won),
         won=won,
         skill=skill,
-        skill_valid=valid,
+        analysis=Analysis(game, valid=valid),
     )
 
 
@@ -72,7 +72,8 @@ def test_library_skills_replace_the_analyzer():
     metrics = library_skills(records, {"g1": "Workflow: take the mug to the table first."})
     assert records[0].skill.startswith("Workflow") and records[0].has_teacher
     assert records[1].skill is None and not records[1].has_teacher  # no entry: no teacher
-    assert metrics == {"skill/n": 2.0, "skill/valid_rate": 0.5}
+    assert records[0].analysis.source == records[1].analysis.source == "library"
+    assert metrics == {"analyze/n": 2.0, "analyze/valid_rate": 0.5}
 
 
 def test_time_table_divides_by_grpo_whatever_the_order():

@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from launch import recipes
 from launch.commands import memory_summary, parse_job
 from launch.layout import ClusterLayout, LayoutError, check_layout, trainer_memory_gib
-from launch.plan import JobCommand, PlanError, make_plan
+from launch.plan import JobCommand, PlanError, make_plan, min_nodes, recipe_layout
 from launch.ray_health import cluster_size, wait_for_cluster
-from megatron_seed import cli
+from megatron_seed import cli, recipes
 from megatron_seed.config import SeedConfig
 
 # NeMo-Run reads NEMORUN_HOME when first imported (lazily, inside launch.*).
@@ -51,7 +50,7 @@ def test_model_shapes_match_published_sizes(name: str, published_billions: float
 
 
 @pytest.mark.parametrize(
-    ("name", "min_nodes"),
+    ("name", "nodes"),
     [
         ("tiny", 1),
         ("qwen3-1.7b", 1),
@@ -62,17 +61,20 @@ def test_model_shapes_match_published_sizes(name: str, published_billions: float
         ("qwen2.5-72b", 8),
     ],
 )
-def test_recipe_min_nodes_and_fit_on_80gb(name: str, min_nodes: int) -> None:
+def test_recipe_min_nodes_and_fit_on_80gb(name: str, nodes: int) -> None:
     recipe = recipes.get(name)
-    assert recipe.min_nodes() == min_nodes
-    plan = make_plan(name, min_nodes)
+    assert min_nodes(recipe) == nodes
+    plan = make_plan(name, nodes)
     if plan.layout.on_gpu:
         mem = trainer_memory_gib(recipe.model, plan.config.parallel, plan.dp, plan.layout)
         assert mem["total"] <= 0.9 * 80
-        assert plan.fleet_gpus >= plan.layout.engine_tp
-    if min_nodes > 1:
-        with pytest.raises(PlanError, match=f"at least {min_nodes} nodes"):
-            make_plan(name, min_nodes - 1)
+        # the plan hands the job its fleet through the config
+        fleet = plan.config.fleet
+        assert fleet.engines * fleet.engine_tp == plan.fleet_gpus
+        assert fleet.gpus_per_engine == fleet.engine_tp == recipe.config.fleet.engine_tp
+    if nodes > 1:
+        with pytest.raises(PlanError, match=f"at least {nodes} nodes"):
+            make_plan(name, nodes - 1)
 
 
 @pytest.mark.parametrize("name", ["qwen3-1.7b", "qwen2.5-3b", "qwen2.5-7b"])
@@ -80,7 +82,7 @@ def test_paper_backbones_use_table5_defaults(name: str) -> None:
     config = recipes.get(name).config
     default = SeedConfig()
     # Only the trainer layout differs from the defaults; the Table 5 values are the defaults.
-    assert dataclasses.replace(config, parallel=default.parallel) == default
+    assert dataclasses.replace(config, parallel=default.parallel, fleet=default.fleet) == default
     assert (default.updates, default.rollout.group_size, default.optim.lr) == (150, 8, 1e-6)
     assert (default.algo.beta_opd, default.algo.lambda_opd, default.algo.beta_kl) == (
         5.0,
@@ -92,7 +94,7 @@ def test_paper_backbones_use_table5_defaults(name: str) -> None:
 def test_tiny_recipe_is_a_cpu_job_with_two_updates() -> None:
     recipe = recipes.get("tiny")
     assert recipe.config.updates == 2
-    assert not recipe.layout.on_gpu
+    assert not recipe_layout(recipe).on_gpu
     assert recipe.config.parallel.precision == "fp32"
 
 
@@ -113,7 +115,10 @@ def test_memory_estimate_shrinks_with_dp_and_model_parallelism() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"recipe_name": "qwen9-400b"}, r"unknown recipe 'qwen9-400b'; known: tiny, qwen3-1\.7b"),
+        (
+            {"recipe_name": "qwen9-400b"},
+            r"unknown recipe 'qwen9-400b'; known: tiny, default, default-quick, qwen3-1\.7b",
+        ),
         ({"recipe_name": "qwen2.5-7b", "tp": 3}, r"TP×PP=3×1=3 does not divide the 4 trainer GPUs"),
         (
             {"recipe_name": "qwen2.5-32b", "nodes": 4, "pp": 3},
@@ -145,12 +150,13 @@ def test_bad_input_is_one_line_error(kwargs: dict, message: str) -> None:
 
 def test_layout_checks_fleet_against_cluster() -> None:
     model = recipes.get("qwen2.5-7b").model
-    parallel = recipes.get("qwen2.5-7b").config.parallel
+    config = recipes.get("qwen2.5-7b").config
     too_big = ClusterLayout(gpus_per_node=8, trainer_ranks_per_node=4, fleet_gpus_per_node=12)
     with pytest.raises(LayoutError, match="the fleet needs 12 GPUs but 1 node"):
-        check_layout(model, parallel, too_big, 1)
+        check_layout(model, config, too_big, 1)
+    tp3 = config.with_changes({"fleet": {"engine_tp": 3}})
     with pytest.raises(LayoutError, match="engine TP=3 does not divide"):
-        check_layout(model, parallel, ClusterLayout(engine_tp=3), 1)
+        check_layout(model, tp3, ClusterLayout(), 1)
 
 
 @pytest.mark.parametrize(
@@ -178,8 +184,17 @@ def test_job_command_carries_only_the_differences_from_the_recipe() -> None:
     assert job.target == "megatron_seed.cli" and job.is_module
     assert job.args[:3] == ("train", "--recipe", "qwen2.5-7b")
     overrides = json.loads(job.args[job.args.index("--config-json") + 1])
-    assert overrides == {"parallel": {"tp": 4}, "updates": 20, "algo": {"beta_kl": 0.0}}
-    assert make_plan("qwen2.5-7b").job().args == ("train", "--recipe", "qwen2.5-7b")
+    # the user's changes, and the fleet the layout gives (2 nodes x 4 fleet GPUs, TP 1)
+    assert overrides == {
+        "parallel": {"tp": 4},
+        "updates": 20,
+        "algo": {"beta_kl": 0.0},
+        "fleet": {"engines": 8, "gpus_per_engine": 1.0},
+    }
+    one = make_plan("qwen2.5-7b").job().args
+    assert one[:3] == ("train", "--recipe", "qwen2.5-7b")
+    assert json.loads(one[4]) == {"fleet": {"engines": 4, "gpus_per_engine": 1.0}}
+    assert make_plan("tiny").job().args == ("train", "--recipe", "tiny")  # CPU: the recipe's
 
 
 def test_gpus_per_node_keeps_the_fleet_share_and_fleet_gpus_moves_it() -> None:
@@ -298,7 +313,8 @@ def test_slurm_script_layout_and_order(scripts, nodes: int, container: bool) -> 
     else:  # c10d store on the head node; each node's agent ranks itself by SLURM_NODEID
         assert flags["--rdzv-endpoint"] == "DOLLARhead_node_ip:29500"
         assert flags["--node-rank"] == "DOLLARSLURM_NODEID"
-    assert args[-4:] == ["megatron_seed.cli", "train", "--recipe", "qwen2.5-7b"]
+    assert args[-6:-2] == ["megatron_seed.cli", "train", "--recipe", "qwen2.5-7b"]
+    assert json.loads(args[-1]) == {"fleet": {"engines": 4 * nodes, "gpus_per_engine": 1.0}}
 
     head = _index(lines, "ray start --head")
     final_wait = _index(lines, "launch.ray_health", f"--nodes {nodes} --gpus {4 * nodes}")
@@ -343,10 +359,14 @@ def test_slurm_script_config_overrides_survive_quoting() -> None:
     script = render(plan, SlurmOptions(job_dir="/j"))
     line = next(ln for ln in script.splitlines() if "torchrun " in ln)
     args = shlex.split(line.replace("$", "DOLLAR"))
-    assert json.loads(args[args.index("--config-json") + 1]) == {"rollout": {"temperature": 0.7}}
+    # the fleet's shape travels in the config: 4 nodes x 4 fleet GPUs / engine TP 2
+    assert json.loads(args[args.index("--config-json") + 1]) == {
+        "rollout": {"temperature": 0.7},
+        "fleet": {"engines": 8, "gpus_per_engine": 2.0},
+    }
     assert "--nnodes 4" in line and "--nproc-per-node 4" in line
     assert "CUDA_VISIBLE_DEVICES=4,5,6,7" in script and "--num-gpus=4" in script
-    assert "SEED_ENGINE_TP=2" in script and "SEED_FLEET_GPUS=16" in script
+    assert "SEED_ENGINE_TP" not in script and "SEED_FLEET_GPUS" not in script
 
 
 # --- run the rendered script with fake Slurm commands that log each step ----------------

@@ -11,9 +11,10 @@ import pytest
 pytest.importorskip("alfworld")
 pytest.importorskip("textworld")
 
-from envs.alfworld_env import AlfWorldEnv, expert_plan, find_games, game_family
-from envs.alfworld_games import generate_games
-from envs.alfworld_prompt import (
+from envs.alfworld.env import AlfWorldEnv, expert_plan, find_games, game_family
+from envs.alfworld.games import generate_games
+from envs.alfworld.oracle import EmbeddedAnalyzer, analyze_record, game_facts, replay
+from envs.alfworld.prompt import (
     SYSTEM_PROMPT,
     render_first_observation,
     render_step_observation,
@@ -21,7 +22,6 @@ from envs.alfworld_prompt import (
 )
 from megatron_seed.config import SkillConfig
 from megatron_seed.data.records import Status, TrajectoryRecord, Turn, write_jsonl
-from megatron_seed.skills.embedded import EmbeddedAnalyzer, analyze_record, game_facts, replay
 from megatron_seed.skills.parse import analysis_metrics, analyze_with_retries
 
 NO_ACTION = "<no action>"  # a reply without an <action> tag
@@ -48,9 +48,11 @@ def play(
             if action == NO_ACTION
             else f"<think>go</think><action>{action}</action>"
         )
-        turns.append(Turn(user, reply, [7, 2], [-0.3, -0.1]))
+        executed = reply if action == NO_ACTION else action
+        turns.append(Turn(user, reply, [7, 2], [-0.3, -0.1], observation=obs, admissible=adm,
+                          executed=executed, valid=action != NO_ACTION))  # fmt: skip
         past.append((obs if step else first, action))
-        obs, _, done, info = env.step(reply if action == NO_ACTION else action)
+        obs, _, done, info = env.step(executed)
         won, adm = info["won"], info["admissible_actions"]
         if history == "full":
             user = render_step_observation(step + 1, obs, adm)
@@ -61,7 +63,8 @@ def play(
     return TrajectoryRecord(
         task_id=Path(game).name, group_id="g", game=str(game), family=game_family(game), turns=turns,
         reward=float(won), won=won, status=Status.MAX_STEPS if done and not won else Status.OK,
-        history_mode=history, system_prompt=SYSTEM_PROMPT, meta={"goal": task, "final_observation": obs},
+        env="alfworld", history_mode=history, system_prompt=SYSTEM_PROMPT,
+        task_marker="Your task is to:", goal=task, final_observation=obs,
     )  # fmt: skip
 
 
@@ -97,8 +100,8 @@ def test_every_embedded_skill_passes_validation(episodes: dict) -> None:
     records = list(episodes.values())
     results = analyze_with_retries(EmbeddedAnalyzer(), records, SkillConfig())
     metrics = analysis_metrics(results)
-    assert metrics["skill/valid_rate"] == 1.0, [r.error for r in results if not r.valid]
-    assert metrics["skill/retries_mean"] == 0.0
+    assert metrics["analyze/valid_rate"] == 1.0, [r.error for r in results if not r.valid]
+    assert metrics["analyze/retries_mean"] == 0.0
     # skills vary with the trajectory: one distinct skill per distinct episode
     distinct_episodes = {(*(t.action for t in r.turns), r.game) for r in records}
     assert len({r.skill for r in results}) == len(distinct_episodes)
@@ -200,7 +203,7 @@ def test_seed_annotate_embedded_end_to_end(episodes: dict, tmp_path: Path, capsy
         and "## Episode" in rows[0]["messages"][0]["content"]
     )
     annotated = [json.loads(line) for line in (out / "annotated.jsonl").read_text().splitlines()]
-    assert all(a["skill_valid"] and a["skill"] for a in annotated)
+    assert all(a["analysis"]["valid"] and a["skill"] for a in annotated)
     # user errors are one line, exit code 2
     assert (
         main(["annotate", "--in", str(tmp_path / "missing.jsonl"), "--out", str(out), "--embedded"])

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from envs.alfworld_prompt import SYSTEM_PROMPT, render_first_observation, render_step_observation
+from envs.alfworld.prompt import SYSTEM_PROMPT, render_first_observation, render_step_observation
 from megatron_seed.config import SkillConfig
 from megatron_seed.data.records import Status, TrajectoryRecord, Turn
 from megatron_seed.skills.parse import (
@@ -21,7 +21,6 @@ from megatron_seed.skills.parse import (
 )
 from megatron_seed.skills.prompt import (
     analyzer_messages,
-    env_observation,
     episode_messages,
     full_messages,
     serialize_trajectory,
@@ -49,17 +48,20 @@ def make_record(
         "You arrive at sinkbasin 1. On the sinkbasin 1, you see nothing.",
         "You clean the mug 1 using the sinkbasin 1.",
     ]
-    first = f"You are in the middle of a room{tag}. You see a shelf 1 and a sinkbasin 1.\n\nYour task is to: {task}."
-    users = [render_first_observation(task, first, ["go to shelf 1", "look"])]
+    first = f"You are in the middle of a room{tag}. You see a shelf 1 and a sinkbasin 1."
+    observations = [first, *answers]
+    admissible = [["go to shelf 1", "look"]] + [["look"]] * (n - 1)
+    users = [render_first_observation(task, first, admissible[0])]
     users += [render_step_observation(i + 1, answers[i], ["look"]) for i in range(n - 1)]
     turns = [
-        Turn(users[i], f"<think>t</think><action>{acts[i]}</action>", [5, 2], [-0.1, -0.2])
+        Turn(users[i], f"<think>t</think><action>{acts[i]}</action>", [5, 2], [-0.1, -0.2],
+             observation=observations[i], admissible=admissible[i], executed=acts[i])
         for i in range(n)
-    ]
+    ]  # fmt: skip
     return TrajectoryRecord(
         task_id="t1", group_id="g1", game="g", family="clean", turns=turns, reward=float(won), won=won,
-        status=Status.OK if won else Status.MAX_STEPS, system_prompt=SYSTEM_PROMPT,
-        meta={"final_observation": answers[n - 1]},
+        status=Status.OK if won else Status.MAX_STEPS, env="alfworld", system_prompt=SYSTEM_PROMPT,
+        task_marker="Your task is to:", goal=task, final_observation=answers[n - 1],
     )  # fmt: skip
 
 
@@ -81,17 +83,18 @@ def test_serialize_trajectory_has_task_steps_answers_and_outcome() -> None:
 
 def test_serialize_marks_replies_without_action_and_success() -> None:
     rec = make_record(won=True, n=1)
-    rec.turns[0].action = "I will go now"
+    rec.turns[0].action = rec.turns[0].executed = "I will go now"
+    rec.turns[0].valid = False
     text = serialize_trajectory(rec)
     assert "Step 1: action: (no valid action; the reply was: 'I will go now')" in text
     assert text.endswith("Outcome: success (the task was completed; reward 1; 1 steps)")
 
 
-def test_env_observation_and_task_of() -> None:
+def test_task_of_reads_the_goal() -> None:
     rec = make_record()
     assert task_of(rec) == "put a clean mug in microwave"
-    assert env_observation(rec.turns[1].observation).startswith("You arrive at shelf 1.")
-    assert env_observation("raw env text\nYour task is to: x") == "raw env text"
+    rec.goal = "  put a  mug\nin desk. "
+    assert task_of(rec) == "put a mug in desk"
 
 
 def test_record_layout_is_one_user_message_asking_for_json() -> None:
@@ -244,11 +247,12 @@ def test_analyze_batches_and_reasks_only_failed_ones() -> None:
     assert (r3.valid, r3.skill, r3.transport_error, r3.attempts) == (False, None, True, 1)
     annotated = apply_results(records, results)
     assert [r.has_teacher for r in annotated] == [True, True, False, False]
-    assert annotated[2].skill is None and annotated[2].meta["analysis"]["error"] == r2.error
-    assert records[2].meta.get("analysis") is None  # the inputs are not modified
+    assert annotated[2].skill is None and annotated[2].analysis.error == r2.error
+    assert annotated[1].analysis.retries == 2 and annotated[3].analysis.transport_error
+    assert records[2].analysis is None  # the inputs are not modified
     m = analysis_metrics(results)
-    assert m["skill/valid_rate"] == 0.5 and m["skill/retries_mean"] == 1.0
-    assert m["skill/transport_errors"] == 1.0 and m["skill/words_mean"] == 9.0
+    assert m["analyze/valid_rate"] == 0.5 and m["analyze/retries_mean"] == 1.0
+    assert m["analyze/transport_errors"] == 1.0 and m["analyze/words_mean"] == 9.0
 
 
 def test_no_retries_when_max_retries_is_zero_and_layout_override() -> None:
@@ -267,5 +271,5 @@ def test_generate_fn_must_answer_every_request() -> None:
 
 
 def test_metrics_of_empty_batch() -> None:
-    assert analysis_metrics([]) == {"skill/n": 0.0}
+    assert analysis_metrics([]) == {"analyze/n": 0.0}
     assert json.dumps(analysis_metrics([]))

@@ -14,8 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
-from megatron_seed.pipeline.default_job import METHODS
-from megatron_seed.pipeline.evaluate import FAMILY_COLUMNS
+from megatron_seed.testbed.default_job import METHODS
+from megatron_seed.testbed.report import family_columns
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,11 +42,11 @@ def _cell(values: list[float]) -> str:
 
 def compare_table(results: dict[str, list[dict]], split: str) -> str:
     """Mean ± population std over seeds of the trained policy's success (%)."""
-    head = "| Method | " + " | ".join(c for _, c in FAMILY_COLUMNS) + " | Avg |"
-    lines = [head, "| --- |" + " ---: |" * (len(FAMILY_COLUMNS) + 1)]
+    head = "| Method | " + " | ".join(c for _, c in family_columns()) + " | Avg |"
+    lines = [head, "| --- |" + " ---: |" * (len(family_columns()) + 1)]
     for method, runs in results.items():
         cells = []
-        for fam, _ in FAMILY_COLUMNS:
+        for fam, _ in family_columns():
             cells.append(
                 _cell([r[split]["per_family"][fam] for r in runs if fam in r[split]["per_family"]])
             )
@@ -87,7 +87,7 @@ def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run every (method, seed) job, then write the side-by-side table."""
-    from megatron_seed.pipeline.default_job import run_default_job
+    from megatron_seed.testbed.default_job import run_default_job
 
     out = Path(args.out)
     results: dict[str, list[dict]] = {}

@@ -69,8 +69,8 @@ def _bench_worker(args_dict: dict, hf_dir: str, tok_dir: str) -> dict:
 
     from megatron_seed.config import AlgoConfig, OptimConfig, SeedConfig
     from megatron_seed.models.parallel import init_parallel
+    from megatron_seed.testbed.synthetic import synthetic_records
     from megatron_seed.train.batch import build_policy_batch
-    from megatron_seed.train.synthetic import synthetic_records
     from megatron_seed.train.trainer import SeedTrainer
 
     a = argparse.Namespace(**args_dict)
@@ -187,7 +187,7 @@ def _attention_worker(hf_dir: str, lengths: list[int], batch: int, rounds: int) 
 
 def _bench_model(args: argparse.Namespace, out: Path, vocab: int) -> None:
     """The benchmarks' random Qwen2 (hidden ``args.hidden``, head_dim 64) in ``out``."""
-    from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.testbed.tiny import make_tiny_qwen
 
     make_tiny_qwen(
         out,
@@ -220,9 +220,9 @@ def run(args: argparse.Namespace) -> int:
     """Build a small model and tokenizer, run the benchmark in a fresh process, report."""
     import tempfile
 
-    from megatron_seed.data.tokenizer import build_tokenizer
     from megatron_seed.models.parallel import spawn
-    from megatron_seed.train.synthetic import _WORDS
+    from megatron_seed.testbed.synthetic import _WORDS
+    from megatron_seed.testbed.tokenizer import build_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="seed-bench-"))
     out = Path(args.out or f"bench/{args.what}.json")
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out}")
         return 0
-    corpus = [" ".join(_WORDS)] * 4 + ["Your task is to: put a mug in fridge."]
+    corpus = [" ".join(_WORDS)] * 4 + ["Goal: put a mug in fridge."]
     tok = build_tokenizer(corpus, 512, work / "tok")
     vocab = -(-len(tok) // 64) * 64
     _bench_model(args, work / "model", vocab)

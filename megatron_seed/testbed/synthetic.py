@@ -1,6 +1,6 @@
 """Synthetic multi-turn trajectories for benchmarks and trainer checks.
 
-They have the exact structure of real ALFWorld records (a task line, observations,
+They have the exact structure of real records (a task line, observations,
 sampled action ids with log-probs, groups, rewards, skills) with random contents, so that
 the trainer's math and speed can be checked without an environment or engine.
 """
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import random
 
-from megatron_seed.data import TrajectoryRecord, Turn
+from megatron_seed.data import Analysis, TrajectoryRecord, Turn
+
+TASK_MARKER = "Goal:"  # the synthetic environment's task line (where H inserts a skill)
 
 _WORDS = [
     "go",
@@ -73,14 +75,18 @@ def synthetic_records(
         for k in range(group_size):
             steps = []
             for t in range(turns):
-                head = f"Your task is to: {task}\n" if t == 0 or history_mode == "window" else ""
-                obs = head + _sentence(rng, obs_words)
+                head = f"{TASK_MARKER} {task}\n" if t == 0 or history_mode == "window" else ""
+                obs = _sentence(rng, obs_words)
                 length = rng.randint(max(1, action_tokens // 2), action_tokens * 3 // 2)
                 ids = [rng.choice(vocab) for _ in range(length)]
                 lps = [-rng.uniform(0.1, 5.0) for _ in ids]
                 steps.append(
                     Turn(
-                        observation=obs, action=tokenizer.decode(ids), action_ids=ids, logprobs=lps
+                        user=head + obs,
+                        action=tokenizer.decode(ids),
+                        action_ids=ids,
+                        logprobs=lps,
+                        observation=obs,
                     )
                 )
             i = g * group_size + k
@@ -95,8 +101,12 @@ def synthetic_records(
                     won=bool((i + g) % 2),
                     history_mode=history_mode,
                     system_prompt="You are an expert agent.",
-                    skill=f"Workflow: find the object first, then {_sentence(rng, 6)}.",
-                    skill_valid=(i % valid_skill_every == 0),
+                    task_marker=TASK_MARKER,
+                    goal=task,
+                    skill=f"Workflow: find the object first, then {_sentence(rng, 6)}."
+                    if i % valid_skill_every == 0
+                    else None,
+                    analysis=Analysis(f"task{g}/{k}", valid=i % valid_skill_every == 0),
                 )
             )
     return records

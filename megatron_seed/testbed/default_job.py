@@ -8,7 +8,7 @@ rerun; Stage 2 resumes from its own checkpoints):
   base     the tiny base policy (tokenizer + Qwen2, behaviour cloning; cached): the job's
            training games are among the cloned ones (see `base_policy`)
   collect  Stage 1: K0 rollouts per task of the base policy, no skills
-  annotate Stage 1: embedded analyzer -> skills; invalid ones dropped
+  annotate Stage 1: the environment's oracle analyzer -> skills; invalid ones dropped
   sft      Stage 1: NLL on the skill answers -> theta_sft (actor and analyzer)
   stage2   Stage 2: SEED (or GRPO) updates with the fleet and the Megatron trainer
   evaluate episodes without skills: greedy on seen and unseen games, sampled (the rollout
@@ -19,10 +19,11 @@ rerun; Stage 2 resumes from its own checkpoints):
 the paper's Table 2 ablations: without Stage-1 SFT, without OPD, or with a static library of
 Stage-1 skills instead of the policy's own (`skill_library`).
 
-`job_config` is the recipe of this job: it states only what differs from the defaults in
-`megatron_seed.config` (which are the paper's), and why. Sizes: FULL (all six families,
-16 training games, a base cloned on 200 games) and QUICK (Pick only, 6 training games, a base
-cloned on those 6 games alone: too little compute for it to play unseen games).
+`job_config` is the job's recipe (`megatron_seed.recipes`: `default`, `default-quick`; it
+states only what differs from the paper's defaults, and why) for one method and seed. Sizes:
+FULL (all six families, 16 training games, a base cloned on 200 games) and QUICK (Pick only,
+6 training games, a base cloned on those 6 games alone: too little compute for it to play
+unseen games).
 """
 
 from __future__ import annotations
@@ -36,51 +37,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_seed.config import AlgoConfig, OptimConfig, RolloutConfig, SeedConfig, SkillConfig
+from envs.spec import get_env
+from megatron_seed.config import SeedConfig
+from megatron_seed.testbed import ENV
 
 
 @dataclass(frozen=True)
 class JobSize:
-    """How big one run is."""
+    """How big one run is: its games and evaluation; Stage 1 and Stage 2 are its recipe's."""
 
     name: str
+    recipe: str  # `megatron_seed.recipes` name: the config of Stage 1 and Stage 2
     n_train: int  # Stage-2 training games
     n_eval: int  # games per evaluation split (seen, unseen)
     stage1_tasks: int
-    k0: int
-    updates: int
-    tasks_per_update: int
-    group_size: int
-    max_steps: int
     train_eval_episodes: int  # sampled episodes per training game at evaluation
     families: tuple[str, ...] = ()  # task families of the games; () = all six
 
 
-FULL = JobSize(
-    "full",
-    n_train=16,
-    n_eval=18,
-    stage1_tasks=16,
-    k0=4,
-    updates=24,
-    tasks_per_update=4,
-    group_size=8,
-    max_steps=15,
-    train_eval_episodes=4,
-)
+FULL = JobSize("full", "default", n_train=16, n_eval=18, stage1_tasks=16, train_eval_episodes=4)
 QUICK = JobSize(
     "quick",
+    "default-quick",
     n_train=6,
     n_eval=6,
     stage1_tasks=6,
-    k0=2,
-    # tasks x updates, seed 0, SEED's training-game success (base 35.4 %): 2 x 12: 47.9 %,
-    # 3 x 10: 50.0, 3 x 12: 52.1, 2 x 15: 43.8, 2 x 20: 54.2 (one seed: +-10 points);
-    # 2 x 12 keeps the whole job within 5 minutes (docs/results.md)
-    updates=12,
-    tasks_per_update=2,
-    group_size=8,
-    max_steps=15,
     train_eval_episodes=8,
     families=("pick",),  # the shortest family: a smaller base policy plays it sometimes
 )
@@ -115,36 +96,12 @@ def method_of(algo: str) -> Method:
 
 
 def job_config(size: JobSize, algo: str = "seed", seed: int = 0) -> SeedConfig:
-    """The default job's config: the paper's hyperparameters except where noted."""
-    return SeedConfig(
-        parallel=dataclasses.replace(SeedConfig().parallel, precision="fp32"),
-        rollout=RolloutConfig(
-            tasks_per_update=size.tasks_per_update,
-            group_size=size.group_size,
-            max_steps=size.max_steps,  # small rooms need fewer than ALFWorld's 30
-            max_prompt_tokens=2048,
-            max_response_tokens=24,  # the tiny policy answers "<action>...</action>" only
-            prompt_style="compact",  # the tiny policy's prompts (envs.alfworld_prompt)
-        ),
-        # continuation: the layout the base policy learnt to analyze with. The embedded
-        # analyzer's replies (which the base imitates) reach ~230 tokens for a failure
-        skill=SkillConfig(max_tokens=320, analyzer_layout="continuation"),
-        # lr: 1e-6 (the paper's, for 3B-7B models) does not move a 0.7M-parameter model;
-        # 1e-3 and 2e-3 collapsed the tiny clone to 0 % within 3 updates, 2e-4 and 5e-4
-        # with the token mean stayed flat for 10-12 updates (docs/results.md)
-        optim=OptimConfig(lr=5e-4, mini_batches_per_update=1, micro_batch_size=8),
-        # sequence mean: a 15-step failure's tokens (mostly what followed a bad sample) no
-        # longer outweigh a 6-step success's
-        algo=AlgoConfig(use_opd=method_of(algo).use_opd, loss_agg="seq_mean_token_mean"),
-        updates=size.updates,
-        sft_epochs=3,
-        # tiny model; at the full size it still costs the base its greedy play on the seen
-        # games (27.8 % -> 0 %, docs/results.md): a lower rate is the next thing to try
-        sft_lr=2e-4,
-        sft_batch_size=8,
-        save_every=1,
-        seed=seed,
-    )
+    """The default job's config: its recipe (`megatron_seed.recipes`) for this method and seed."""
+    from megatron_seed import recipes
+
+    cfg = recipes.get(size.recipe).config
+    algo_cfg = dataclasses.replace(cfg.algo, use_opd=method_of(algo).use_opd)
+    return dataclasses.replace(cfg, algo=algo_cfg, seed=seed)
 
 
 def _progress(out: Path) -> dict[str, Any]:
@@ -160,18 +117,18 @@ def _mark(out: Path, phase: str, value: Any = True) -> None:
 
 def _games(root: Path, size: JobSize, seed: int) -> dict[str, list[str]]:
     """The job's games (generated once; ``root/done`` marks a finished set)."""
-    from envs.alfworld_env import find_games
-    from envs.alfworld_games import RoomSize, generate_games
-
+    env = get_env(ENV)
     if not (root / "done").is_file():
         if root.exists():
             shutil.rmtree(root)  # a generation that died
-        room = RoomSize(4, 1)  # the room size the base policy is built for
+        room = (4, 1)  # the room size the base policy is built for
         for split, n in (("train", size.n_train), ("seen", size.n_eval), ("unseen", size.n_eval)):
             families = list(size.families) or None
-            generate_games(root, split, n, seed, room, families, handcoded=False, workers=2)
+            env.generate_tasks(
+                root, split, n, seed, room=room, families=families, handcoded=False, workers=2
+            )
         (root / "done").write_text("")
-    return {s: [str(g) for g in find_games(root, s)] for s in ("train", "seen", "unseen")}
+    return {s: [str(g) for g in env.list_tasks(root, s)] for s in ("train", "seen", "unseen")}
 
 
 class JobFleet:
@@ -180,17 +137,17 @@ class JobFleet:
     phase loads its own weights, so the engines start once (they are most of a phase's
     fixed cost on 2 cores)."""
 
-    def __init__(self, model_dir: Path, engine_kwargs: dict[str, Any]) -> None:
-        self.model_dir, self.engine_kwargs = model_dir, engine_kwargs
+    def __init__(self, model_dir: Path, cfg: SeedConfig) -> None:
+        self.model_dir, self.cfg = model_dir, cfg
         self._fleet: Any = None
 
     def get(self) -> Any:
         """The running fleet (started on the first call)."""
         if self._fleet is None:
-            from megatron_seed.rollout.fleet import Fleet
+            from megatron_seed.rollout.session import start_fleet
 
             _ray_init()
-            self._fleet = Fleet(str(self.model_dir), 2, engine_kwargs=self.engine_kwargs)
+            self._fleet = start_fleet(self.cfg, self.model_dir)
         return self._fleet
 
     def close(self) -> None:
@@ -226,8 +183,8 @@ def run_default_job(
     ``base_dir`` / ``games_dir`` (default under ``out_dir``): where the base policy and the
     games live, so that several jobs (``seed compare``) can share them.
     """
-    from megatron_seed.pipeline.base_policy import build_base_policy, read_manifest
-    from megatron_seed.pipeline.report import write_report
+    from megatron_seed.testbed.base_policy import build_base_policy, read_manifest
+    from megatron_seed.testbed.report import write_report
 
     method = method_of(algo)
     size = QUICK if quick else FULL
@@ -246,7 +203,7 @@ def run_default_job(
     base = build_base_policy(base_root, quick=quick, seed=seed, games_dir=games_root, measure=False)
     facts: dict[str, Any] = {"size": size.name, "algorithm": algo, "seed": seed}
     facts["base_policy"] = _base_facts(read_manifest(base_root))
-    fleet = JobFleet(base, {"max_model_len": 4096})
+    fleet = JobFleet(base, cfg)
     try:
         init = base
         if method.stage1:
@@ -287,7 +244,7 @@ def _base_facts(manifest: dict[str, Any]) -> dict[str, Any]:
 def _stage1(
     out: Path, base: Path, games: list[str], size: JobSize, cfg: SeedConfig, fleet: JobFleet
 ) -> Path:
-    """Collect K0 rollouts per task, annotate with the embedded analyzer, SFT -> theta_sft."""
+    """Collect K0 rollouts per task, annotate with the oracle analyzer, SFT -> theta_sft."""
     from megatron_seed.data import write_jsonl
     from megatron_seed.pipeline import stage1
 
@@ -295,8 +252,8 @@ def _stage1(
     if _progress(out).get("sft"):
         return sft_dir / "hf"
     trajectories = out / "stage1" / "trajectories.jsonl"
-    records = stage1.collect(base, games, size.k0, trajectories, cfg, fleet=fleet.get())
-    annotated, am = stage1.annotate_embedded(records, cfg)
+    records = stage1.collect(base, games, trajectories, cfg, fleet=fleet.get())
+    annotated, am = stage1.annotate_oracle(records, cfg)
     write_jsonl(annotated, out / "stage1" / "annotated.jsonl")
     result = stage1.run_sft(base, annotated, sft_dir, cfg)
     _mark(
@@ -305,7 +262,7 @@ def _stage1(
         {
             "rollouts": len(records),
             "rollout_success": round(sum(r.won for r in records) / max(1, len(records)), 3),
-            "acceptance_rate": am.get("skill/valid_rate", 0.0),
+            "acceptance_rate": am.get("analyze/valid_rate", 0.0),
             "examples": result["examples"],
             "nll_first": round(result["curve"][0]["nll"], 4),
             "nll_last": round(result["curve"][-1]["nll"], 4),
@@ -373,7 +330,7 @@ def _evaluate(
         splits = {"seen": games["seen"], "unseen": games["unseen"], "train": games["train"]}
         sampled = {"train": (cfg.rollout.temperature, size.train_eval_episodes, EVAL_SEED)}
         results = evaluate_policies(
-            [models[n] for n in todo], splits, cfg.rollout, sampled=sampled, fleet=fleet.get()
+            [models[n] for n in todo], splits, cfg, sampled=sampled, fleet=fleet.get()
         )
         evaluations.update(zip(todo, results, strict=True))
         _mark(out, "evaluate", evaluations)

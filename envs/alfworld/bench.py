@@ -1,6 +1,6 @@
 """Benchmark the ALFWorld env workers: steps/s for parallel episodes, reset cost vs room size.
 
-    .venv/bin/python tools/bench_envs.py --episodes 64 --workers 2 --out /tmp/bench_envs.json
+    .venv/bin/python -m envs.alfworld.bench --episodes 64 --workers 2 --out /tmp/bench_envs.json
 
 Steps/s: ``--episodes`` episodes over ``--workers`` Ray workers; resets are prefetched, then
 every episode takes random admissible actions until done (max 30 steps) -- the env side of a
@@ -29,7 +29,7 @@ def bench_pool(games: list[str], episodes: int, workers: int, seed: int) -> dict
 
     from envs.workers import EnvPool
 
-    pool = EnvPool(num_workers=workers, max_steps=30)
+    pool = EnvPool("alfworld", num_workers=workers, max_steps=30)
     rng = random.Random(seed)
     episode_games = [games[i % len(games)] for i in range(episodes)]
     t0 = time.perf_counter()
@@ -67,8 +67,8 @@ def bench_pool(games: list[str], episodes: int, workers: int, seed: int) -> dict
 
 
 def bench_reset(root: Path, sizes: list[tuple[int, int]], repeats: int) -> list[dict]:
-    from envs.alfworld_env import AlfWorldEnv
-    from envs.alfworld_games import RoomSize, generate_games
+    from envs.alfworld.env import AlfWorldEnv
+    from envs.alfworld.games import RoomSize, generate_games
 
     env = AlfWorldEnv()
     rows = []
@@ -108,7 +108,7 @@ def main() -> int:
 
     import ray
 
-    from envs.alfworld_games import generate_games
+    from envs.alfworld.games import generate_games
 
     root = Path(tempfile.mkdtemp(prefix="bench_envs_"))
     games = [str(g) for g in generate_games(root / "pool", "train", args.games, args.seed)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_seed.pipeline.default_job import METHODS
+from megatron_seed.testbed.default_job import METHODS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run or resume the default job."""
-    from megatron_seed.pipeline.default_job import run_default_job
+    from megatron_seed.testbed.default_job import run_default_job
 
     out = args.out or ("runs/default-quick" if args.quick else "runs/default")
     run_default_job(out, quick=args.quick, seed=args.seed, algo=args.algo)

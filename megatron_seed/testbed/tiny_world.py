@@ -1,4 +1,4 @@
-"""A tiny ALFWorld world for end-to-end tests: generated games, a tokenizer trained on their
+"""A tiny world (the test bed's environment, ALFWorld) for end-to-end tests: generated games, a tokenizer trained on their
 rendered prompts, and a random tiny Qwen2 (head_dim 32, for vLLM's CPU attention)."""
 
 from __future__ import annotations
@@ -9,22 +9,23 @@ from pathlib import Path
 
 def make_tiny_world(root: Path, n_games: int = 6, seed: int = 1) -> Path:
     """Write ROOT/games/train/... and ROOT/model (HF checkpoint + tokenizer); return ROOT."""
-    from envs import alfworld_prompt as P
-    from envs.alfworld_env import AlfWorldEnv
-    from envs.alfworld_games import generate_games
-    from megatron_seed.data.tokenizer import build_tokenizer, save_tokenizer
-    from megatron_seed.models.tiny import make_tiny_qwen
+    from envs.spec import get_env
+    from megatron_seed.testbed import ENV
+    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.testbed.tokenizer import build_tokenizer, save_tokenizer
 
-    games = generate_games(root / "games", "train", n=n_games, seed=seed)
-    env, rng, corpus = AlfWorldEnv(max_steps=6), random.Random(seed), [P.SYSTEM_PROMPT]
+    spec = get_env(ENV)
+    games = spec.generate_tasks(root / "games", "train", n_games, seed)
+    style = spec.prompts("paper")
+    env, rng, corpus = spec.make_env(6), random.Random(seed), [style.system_prompt]
     for game in games[:3]:
         obs, info = env.reset(game)
-        corpus.append(P.render_first_observation(info["task"], obs, info["admissible_actions"]))
+        corpus.append(style.first(info["task"], obs, info["admissible_actions"]))
         for t in range(3):
             action = rng.choice(info["admissible_actions"])
             corpus.append(f"<action>{action}</action>")
             obs, _, _, info = env.step(action)
-            corpus.append(P.render_step_observation(t + 1, obs, info["admissible_actions"]))
+            corpus.append(style.step(t + 1, obs, info["admissible_actions"]))
     tok = build_tokenizer(corpus * 3, 1500)
     make_tiny_qwen(
         root / "model",

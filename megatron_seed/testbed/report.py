@@ -7,19 +7,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-from megatron_seed.pipeline.evaluate import FAMILY_COLUMNS
+from envs.spec import get_env
+from megatron_seed.testbed import ENV
+
+
+def family_columns(env: str = ENV) -> tuple[tuple[str, str], ...]:
+    """(family, label) columns of the environment's report (ALFWorld: the paper's Table 1)."""
+    return get_env(env).report_columns
 
 
 def table(rows: dict[str, dict[str, Any]], split: str) -> str:
     """Markdown table: one row per method, success (%) per family and the average."""
-    head = "| Method | " + " | ".join(c for _, c in FAMILY_COLUMNS) + " | Avg | Len |"
-    sep = "| --- |" + " ---: |" * (len(FAMILY_COLUMNS) + 2)
+    head = "| Method | " + " | ".join(c for _, c in family_columns()) + " | Avg | Len |"
+    sep = "| --- |" + " ---: |" * (len(family_columns()) + 2)
     lines = [head, sep]
     for method, result in rows.items():
         r = result[split]
         cells = [
             f"{100 * r['per_family'][f]:.1f}" if f in r["per_family"] else "–"
-            for f, _ in FAMILY_COLUMNS
+            for f, _ in family_columns()
         ]
         lines.append(
             f"| {method} | "
@@ -45,7 +51,7 @@ def plot_curves(metrics_path: Path, out_png: Path) -> Path | None:
         ("train/loss/opd", "OPD loss"),
         ("train/opd/gate_mean", "gate mean"),
         ("train/opd/frac_delta_pos", "fraction Δ > 0"),
-        ("skill/valid_rate", "skill validity"),
+        ("analyze/valid_rate", "skill validity"),
     ]
     fig, axes = plt.subplots(2, 3, figsize=(12, 6))
     steps = [r["step"] for r in rows]

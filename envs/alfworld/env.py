@@ -3,7 +3,8 @@
 ``AlfWorldEnv`` plays one game folder (or ``game.tw-pddl`` file) at a time through
 ``textworld.envs.PddlEnv`` wrapped by alfworld's ``AlfredDemangler`` and ``AlfredInfos``,
 exactly as ``alfworld-generate`` and ``AlfredTWEnv`` do. Observations and feedback strings are
-the engine's; the only edit is dropping the "-= Welcome to TextWorld, ALFRED! =-" banner.
+the engine's; the only edits: the "-= Welcome to TextWorld, ALFRED! =-" banner is dropped, and
+the first observation's "Your task is to: ..." line moves to ``info["task"]`` (the goal).
 
 Official data (json_2.1.1: ``train``, ``valid_seen`` 140, ``valid_unseen`` 134) and games
 written by ``seed games`` share one layout, so ``find_games`` lists both.
@@ -16,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envs.alfworld_games import FAMILIES, SPLIT_DIRS, TASK_TYPE_TO_FAMILY
+from envs.alfworld.games import FAMILIES, SPLIT_DIRS, TASK_TYPE_TO_FAMILY
 from envs.base import MAX_ACTION_CHARS, sanitize_action
 
 DEFAULT_MAX_STEPS = 30  # the paper's ALFWorld episode budget (Table 5)
@@ -130,10 +131,14 @@ class AlfWorldEnv:
         self._family = TASK_TYPE_TO_FAMILY.get(task_type, "")
         text = state.feedback.replace(_BANNER, "").strip()
         self._task = ""
+        kept = []
         for line in text.splitlines():
             if line.startswith(_TASK_PREFIX):
                 self._task = line[len(_TASK_PREFIX) :].strip().rstrip(".")
-        return text, self._info(state, truncated=False)
+            else:
+                kept.append(line)
+        # the goal travels in info["task"]; the observation is the room
+        return "\n".join(kept).strip(), self._info(state, truncated=False)
 
     def step(self, action_text: str) -> tuple[str, float, bool, dict[str, Any]]:
         """One action; invalid text gets the engine's own "Nothing happens."."""

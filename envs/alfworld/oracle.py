@@ -1,4 +1,4 @@
-"""Embedded analyzer: hindsight skills written from the trajectory and the game's facts.
+"""ALFWorld's oracle analyzer: hindsight skills written from the trajectory and the game's facts.
 
 For offline use without an endpoint (the default CPU job, tests). It replays the episode's
 actions and the environment's answers to track where the agent was, what it held and what
@@ -16,9 +16,11 @@ as any analyzer's (`EmbeddedAnalyzer` is a ``generate_fn``).
   the rest of the expert plan from the first sub-goal the episode did not reach, and whether
   the step budget ran out.
 
-Game facts come from ``record.meta`` (``expert_plan``, ``goal``, ``object_target``,
-``parent_target``, ``toggle_target``) and, for whatever is missing, from the game folder when
-``record.game`` is a path (``traj_data.json`` and the stored planner walkthrough).
+The trajectory is read from the record's facts (executed actions, the environment's answers,
+the admissible actions of each step, the goal). Game facts come from ``record.meta``
+(``expert_plan``, ``object_target``, ``parent_target``, ``toggle_target``: ALFWorld's own
+extras) and, for whatever is missing, from the game folder when ``record.game`` is a path
+(``traj_data.json`` and the stored planner walkthrough).
 """
 
 from __future__ import annotations
@@ -31,12 +33,7 @@ from pathlib import Path
 
 from megatron_seed.data.records import Status, TrajectoryRecord
 from megatron_seed.skills.parse import AnalysisRequest, Generation
-from megatron_seed.skills.prompt import (
-    action_of,
-    admissible_actions,
-    step_feedback,
-    task_of,
-)
+from megatron_seed.skills.prompt import action_of, step_feedback, task_of
 
 _NOTHING = "nothing happens"
 MAX_PLAN_STEPS = 8  # longest expert-plan excerpt quoted in a failure's fix
@@ -104,7 +101,7 @@ def game_facts(record: TrajectoryRecord) -> GameFacts:
             stored = json.loads(traj.read_text()).get("pddl_params", {})
             params = {k: params[k] or str(stored.get(k) or "") for k in params}
         if not plan:
-            from envs.alfworld_env import GameFormatError, expert_plan
+            from envs.alfworld.env import GameFormatError, expert_plan
 
             try:
                 plan = expert_plan(folder)
@@ -154,8 +151,8 @@ def replay(record: TrajectoryRecord) -> Replay:
     states: dict[str, set[str]] = collections.defaultdict(set)
     steps, done = [], []
     for i, (turn, answer) in enumerate(zip(record.turns, step_feedback(record), strict=True)):
-        action, ok = action_of(turn.action)
-        step = Step(i + 1, action if ok else None, answer, admissible_actions(turn.observation),
+        action, ok = action_of(turn)
+        step = Step(i + 1, action if ok else None, answer, turn.admissible,
                     location, holding, frozenset(closed))  # fmt: skip
         steps.append(step)
         if step.failed:

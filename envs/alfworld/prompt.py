@@ -4,9 +4,9 @@ Modelled on the paper's actor prompt (Figure 11) and the reference verl-agent te
 role, task, step count, history, admissible actions, and the answer format
 ``<action>...</action>`` with optional ``<think>...</think>``.
 
-Contract the rest of the system relies on: the first user message contains exactly one line
-that starts with ``"Your task is to: "`` followed by the goal; the hindsight skill is inserted
-right after that line by another module. The windowed prompt keeps the same line.
+Contract with the library (``envs.alfworld.spec``'s ``task_marker``): the first user message
+contains exactly one line that starts with ``"Your task is to: "`` followed by the goal; H
+inserts the hindsight skill right after that line. The windowed prompt keeps the same line.
 
 Two styles (``prompt_style``): ``paper`` (below; the default) and ``compact``: a one-line
 system prompt, the task line, the observation and the admissible actions as a plain list
@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from types import SimpleNamespace
 
 from envs.base import MAX_ACTION_CHARS, sanitize_action
+from envs.spec import Prompts
 
 TASK_PREFIX = "Your task is to: "
+TASK_MARKER = TASK_PREFIX.strip()  # where H inserts the skill
 DEFAULT_INVALID_PENALTY = 0.0
 
 SYSTEM_PROMPT = (
@@ -184,23 +185,17 @@ def render_window_compact(
     )
 
 
-STYLES: dict[str, SimpleNamespace] = {
-    "paper": SimpleNamespace(
-        SYSTEM_PROMPT=SYSTEM_PROMPT,
-        render_first_observation=render_first_observation,
-        render_step_observation=render_step_observation,
-        render_window_prompt=render_window_prompt,
+STYLES: dict[str, Prompts] = {
+    "paper": Prompts(
+        SYSTEM_PROMPT, render_first_observation, render_step_observation, render_window_prompt
     ),
-    "compact": SimpleNamespace(
-        SYSTEM_PROMPT=COMPACT_SYSTEM_PROMPT,
-        render_first_observation=render_first_compact,
-        render_step_observation=render_step_compact,
-        render_window_prompt=render_window_compact,
+    "compact": Prompts(
+        COMPACT_SYSTEM_PROMPT, render_first_compact, render_step_compact, render_window_compact
     ),
 }
 
 
-def prompt_style(name: str) -> SimpleNamespace:
+def prompt_style(name: str) -> Prompts:
     """The renderers of a prompt style (``paper`` or ``compact``)."""
     if name not in STYLES:
         raise ValueError(f"unknown prompt style {name!r}; choose from {sorted(STYLES)}")

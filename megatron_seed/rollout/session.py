@@ -1,0 +1,144 @@
+"""One rollout session: the fleet, the env pool and the agent loop a phase plays with.
+
+Stage 1's collection, Stage 2's rollouts and the evaluation all play episodes the same way:
+a vLLM fleet (started here, or borrowed: a running `Fleet`, or one reached by its address)
+against Ray env workers of one environment, through `AgentLoop`. A session owns what it
+started and closes only that.
+
+    with RolloutSession(cfg, model_dir, env) as session:
+        records, stats = session.play(session.tasks(games), group_size, session.sampling())
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from envs.spec import EnvSpec, get_env
+from megatron_seed.config import SeedConfig
+from megatron_seed.data import TrajectoryRecord
+from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task, make_tasks
+
+
+def engine_kwargs(cfg: SeedConfig, model_dir: str | Path) -> dict[str, Any]:
+    """The `VLLMEngine` options of `cfg.fleet` for this model (context capped by the model)."""
+    import json
+
+    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    context = min(cfg.fleet.max_model_len, int(hf.get("max_position_embeddings", 1 << 30)))
+    return {
+        "max_model_len": context,
+        "kv_cache_bytes": cfg.fleet.kv_cache_bytes,
+        "tensor_parallel_size": cfg.fleet.engine_tp,
+    }
+
+
+def start_fleet(cfg: SeedConfig, model_dir: str | Path) -> Any:
+    """A `Fleet` of `cfg.fleet`'s engines serving `model_dir` (needs `ray.init()`)."""
+    from megatron_seed.rollout.fleet import Fleet
+
+    return Fleet(
+        str(model_dir),
+        cfg.fleet.engines,
+        engine_kwargs=engine_kwargs(cfg, model_dir),
+        max_restarts=cfg.fleet.max_restarts,
+        num_gpus_per_engine=cfg.fleet.gpus_per_engine,
+        transport=cfg.fleet.transport,
+    )
+
+
+class RolloutSession:
+    """A fleet (own or borrowed) + an env pool + the agent loop, for one phase.
+
+    fleet: a running `Fleet` to use (left running); fleet_address: a `Fleet.address` to
+    connect to (its engines hold other weights: load or sync before playing); neither:
+    start `cfg.fleet`'s engines on `model_dir`. pool: a running `EnvPool` to use.
+    """
+
+    def __init__(
+        self,
+        cfg: SeedConfig,
+        model_dir: str | Path,
+        env: EnvSpec | None = None,
+        *,
+        tokenizer: Any = None,
+        fleet: Any = None,
+        fleet_address: Any = None,
+        pool: Any = None,
+        ray_address: str | None = None,
+    ) -> None:
+        import ray
+
+        from envs.workers import EnvPool
+
+        self.cfg = cfg
+        self.env = env or get_env(cfg.env.name)
+        if not ray.is_initialized():
+            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tokenizer = tokenizer
+        self._owned: list[Any] = []
+        if fleet is None and fleet_address is not None:
+            from megatron_seed.rollout.fleet import Fleet
+
+            fleet = Fleet.connect(fleet_address)  # close() leaves its engines running
+            self._owned.append(fleet)
+        elif fleet is None:
+            fleet = start_fleet(cfg, model_dir)
+            self._owned.append(fleet)
+        if pool is None:
+            e = cfg.env
+            pool = EnvPool(
+                self.env.name,
+                num_workers=e.workers,
+                max_steps=cfg.rollout.max_steps,
+                step_timeout_s=e.step_timeout_s,
+                reset_timeout_s=e.reset_timeout_s,
+            )
+            self._owned.append(pool)
+        self.fleet, self.pool = fleet, pool
+        self.context = engine_kwargs(cfg, model_dir)["max_model_len"]
+        self.loop = AgentLoop(fleet, pool, tokenizer, cfg.rollout, self.env)
+
+    def tasks(self, games: list[str]) -> list[Task]:
+        """Task objects of this environment for `games`."""
+        return make_tasks(self.env, games)
+
+    def sampling(self, greedy: bool = False, seed: int | None = None) -> Any:
+        """Sampling parameters for actions (the rollout config's, or greedy)."""
+        from megatron_seed.rollout.engine import SamplingSpec
+
+        r = self.cfg.rollout
+        return SamplingSpec(
+            temperature=0.0 if greedy else r.temperature,
+            top_p=1.0 if greedy else r.top_p,
+            max_tokens=r.max_response_tokens,
+            seed=seed,
+        )
+
+    def play(
+        self, tasks: list[Task], group_size: int, spec: Any, update: int = 0
+    ) -> tuple[list[TrajectoryRecord], RolloutStats]:
+        """`group_size` episodes of every task."""
+        return self.loop.run(tasks, group_size, spec, update=update)
+
+    def analyzer_prompt_limit(self) -> int:
+        """The longest analyzer prompt the engines' context leaves room for."""
+        return self.context - self.cfg.skill.max_tokens
+
+    def close(self) -> None:
+        """Stop what this session started (a borrowed fleet or pool keeps running)."""
+        for obj in reversed(self._owned):
+            with contextlib.suppress(Exception):
+                obj.close()
+        self._owned = []
+
+    def __enter__(self) -> RolloutSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

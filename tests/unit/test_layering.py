@@ -1,0 +1,81 @@
+"""Dependencies point one way: the library never imports the CPU test bed, and nothing
+outside `envs/alfworld/` imports ALFWorld code or knows its task marker."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = ("megatron_seed", "envs", "launch")
+
+
+def _modules(exclude: str) -> list[str]:
+    names = []
+    for package in LIBRARY:
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO).with_suffix("")
+            name = ".".join(rel.parts).removesuffix(".__init__")
+            if not name.startswith(exclude):
+                names.append(name)
+    return names
+
+
+def test_the_library_never_imports_the_test_bed() -> None:
+    modules = _modules("megatron_seed.testbed")
+    assert "megatron_seed.pipeline.stage2" in modules and len(modules) > 50
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('megatron_seed.testbed'))\n"
+        "print(len(sys.modules), bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+def test_the_checker_sees_a_test_bed_import(tmp_path: Path) -> None:
+    """The same check fails for a module that does import the test bed."""
+    bad = tmp_path / "bad_module.py"
+    bad.write_text("import megatron_seed.testbed.tiny\n")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import bad_module\n"
+        "sys.exit(1 if any(m.startswith('megatron_seed.testbed') for m in sys.modules) else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=300)
+    assert proc.returncode == 1
+
+
+ALFWORLD_IMPORT = re.compile(
+    r"^\s*(?:from|import)\s+(?:alfworld|textworld|envs\.alfworld)\b", re.MULTILINE
+)
+MARKER = "Your task is " + "to"  # ALFWorld's task line, split so this file does not hold it
+
+
+def _outside_alfworld() -> list[Path]:
+    files = []
+    for package in (*LIBRARY, "tools"):
+        for path in (REPO / package).rglob("*.py"):
+            if "envs/alfworld" not in path.relative_to(REPO).as_posix():
+                files.append(path)
+    return files
+
+
+def test_alfworld_lives_in_its_own_package() -> None:
+    files = _outside_alfworld()
+    assert any(p.name == "stage2.py" for p in files)
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in files
+        if ALFWORLD_IMPORT.search(p.read_text()) or MARKER in p.read_text()
+    ]
+    assert offenders == []
+    # and the patterns do find what they look for
+    assert ALFWORLD_IMPORT.search((REPO / "envs/alfworld/env.py").read_text())
+    assert MARKER in (REPO / "envs/alfworld/prompt.py").read_text()
