@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
 
 def _env_name(argv: list[str]) -> str:
@@ -30,20 +29,14 @@ def _commands(name: str):
     return importlib.import_module(spec.commands)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """``--env`` plus the chosen environment's own flags."""
     parser.add_argument("--env", default="alfworld", help="environment (envs.spec names)")
-    try:
-        module = _commands(_env_name(sys.argv[2:]))
-    except Exception as err:  # reported by run() as a one-line error
-        parser.set_defaults(_env_error=err)
-        return
+    module = _commands(_env_name(argv))  # CommandError: a one-line error, exit code 2
     module.add_arguments(parser)
     parser.set_defaults(_env_module=module)
 
 
 def run(args: argparse.Namespace) -> int:
     """Delegate to the environment's generator."""
-    if getattr(args, "_env_error", None) is not None:
-        raise args._env_error
     return args._env_module.run(args)

@@ -32,6 +32,10 @@ class PromptStyle(Protocol):
 
     system_prompt: str | None
 
+    def lists_admissible(self, step: int, history_mode: str) -> bool:
+        """Whether the prompt before action ``step`` shows the admissible actions."""
+        ...
+
     def first(self, goal: str, observation: str, admissible: Sequence[str] | None) -> str:
         """The first user message (holds the task line)."""
         ...
@@ -54,12 +58,21 @@ class PromptStyle(Protocol):
 
 @dataclass(frozen=True)
 class Prompts:
-    """A `PromptStyle` made of plain functions (what most environments need)."""
+    """A `PromptStyle` made of plain functions (what most environments need).
+
+    The first prompt and every windowed prompt list the admissible actions; a later
+    full-history prompt (`step`) does when `step_lists_admissible`.
+    """
 
     system_prompt: str | None
     first: Callable[[str, str, Sequence[str] | None], str]
     step: Callable[[int, str, Sequence[str] | None], str]
     window: Callable[..., str]
+    step_lists_admissible: bool = True
+
+    def lists_admissible(self, step: int, history_mode: str) -> bool:
+        """Whether the prompt before action ``step`` shows the admissible actions."""
+        return step == 0 or history_mode == "window" or self.step_lists_admissible
 
 
 @dataclass(frozen=True)

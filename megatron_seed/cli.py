@@ -2,13 +2,15 @@
 
 Each subcommand lives in its own module, imported only when that subcommand runs (so
 `seed games` never imports Megatron and `seed convert` never imports alfworld). A module
-listed here provides `add_arguments(parser)` and `run(args) -> int`.
+listed here provides `add_arguments(parser)` (or `add_arguments(parser, argv)` when its flags
+depend on the command line, as `seed games --env NAME` does) and `run(args) -> int`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import sys
 
 from megatron_seed.errors import CommandError
@@ -66,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"seed {name}", description=help_text)
-    module.add_arguments(parser)
-    args = parser.parse_args(rest)
     try:
+        if "argv" in inspect.signature(module.add_arguments).parameters:
+            module.add_arguments(parser, argv=rest)  # its flags depend on what is given
+        else:
+            module.add_arguments(parser)
+        args = parser.parse_args(rest)
         return int(module.run(args) or 0)
     except CommandError as err:
+        print(f"seed {name}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # unreadable input, an output path that cannot be written
         print(f"seed {name}: error: {err}", file=sys.stderr)
         return 2
 

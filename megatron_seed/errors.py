@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class CommandError(Exception):
     """A user-facing error: printed as one line, exit code 2."""
@@ -13,3 +15,15 @@ class CommandError(Exception):
 
 class ConfigError(CommandError, ValueError):
     """A config value out of its allowed range, of the wrong type, or an unknown key."""
+
+
+def output_dir(path: str | Path, flag: str = "--out") -> Path:
+    """An output folder that may be created or written into: `CommandError` if the path is
+    an existing file (checked before any work, so nothing is left half-written)."""
+    out = Path(path)
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise CommandError(f"{flag} {out}: {p} exists and is not a folder")
+            break
+    return out

@@ -37,13 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Generate the games; user errors become CommandError (exit code 2)."""
     from envs.alfworld.games import generate_games
-    from megatron_seed.errors import CommandError
+    from megatron_seed.errors import CommandError, output_dir
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     start = time.perf_counter()
     try:
         room = RoomSize(args.receptacles, args.distractors)
-        folders = generate_games(args.out, args.split, args.n, args.seed, room, families)
+        out = output_dir(args.out)
+        folders = generate_games(out, args.split, args.n, args.seed, room, families)
     except GameGenerationError as err:
         raise CommandError(str(err)) from err
     counts = collections.Counter(f.parent.name.split("-")[0] for f in folders)

@@ -190,7 +190,11 @@ STYLES: dict[str, Prompts] = {
         SYSTEM_PROMPT, render_first_observation, render_step_observation, render_window_prompt
     ),
     "compact": Prompts(
-        COMPACT_SYSTEM_PROMPT, render_first_compact, render_step_compact, render_window_compact
+        COMPACT_SYSTEM_PROMPT,
+        render_first_compact,
+        render_step_compact,
+        render_window_compact,
+        step_lists_admissible=False,  # a later turn holds the observation alone
     ),
 }
 

@@ -60,7 +60,9 @@ class Turn:
     action_ids: the sampled token ids, as the engine returned them.
     logprobs: log pi_theta_old of each sampled id, as the engine returned them.
     observation: what the environment said before this action (its own text).
-    admissible: the environment's admissible actions at this step (None: it lists none).
+    admissible: the environment's admissible actions at this step, as the user message showed
+        them to the policy (None: the environment lists none, or this prompt did not show
+        them, e.g. a compact prompt after the first turn).
     executed: the action text sent to the environment (the parsed action, or the raw reply
         when it did not parse); None if the episode ended before the step.
     valid: whether the response held a well-formed action.

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from megatron_seed.errors import CommandError
+from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.models.checks import validate_hf_dir
 
 
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         src = args.megatron
         if not (Path(src) / "hf" / "config.json").is_file():
             raise CommandError(f"{src} is not a megatron-seed checkpoint (no hf/config.json)")
-    spawn(_convert_worker, args.tp * args.pp, args.direction, src, args.out, args.tp, args.pp)
+    out = str(output_dir(args.out))
+    spawn(_convert_worker, args.tp * args.pp, args.direction, src, out, args.tp, args.pp)
     print(f"wrote {args.out}")
     return 0

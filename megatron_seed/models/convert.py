@@ -61,9 +61,14 @@ class HFCheckpoint:
             raise ModelConfigError(f"no *.safetensors weights in {self.path}")
         self._where: dict[str, Path] = {}
         for f in files:
-            with safe_open(str(f), framework="pt") as handle:
-                for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    self._where[key] = f
+            try:
+                with safe_open(str(f), framework="pt") as handle:
+                    for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                        self._where[key] = f
+            except Exception as err:  # SafetensorError: truncated or not safetensors
+                raise ModelConfigError(
+                    f"{f} is truncated or not a safetensors file: {err}"
+                ) from None
         self._open: dict[Path, Any] = {}
         embed = self.shape("model.embed_tokens.weight")
         if embed[0] != self.spec.vocab_size or embed[1] != self.spec.hidden_size:

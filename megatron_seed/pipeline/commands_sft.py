@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from megatron_seed.errors import CommandError
+from megatron_seed.errors import CommandError, output_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     accepted = sum(r.has_teacher for r in records)
     if not accepted:
         raise CommandError(f"{args.data} has no accepted skills ({len(records)} records)")
-    result = run_sft(args.model, records, args.out, cfg, dp=args.dp)
+    result = run_sft(args.model, records, output_dir(args.out), cfg, dp=args.dp)
     curve = result["curve"]
     print(
         f"SFT on {accepted}/{len(records)} accepted pairs: NLL {curve[0]['nll']:.3f} -> {curve[-1]['nll']:.3f}"

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from megatron_seed.errors import CommandError
+from megatron_seed.errors import CommandError, output_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,7 +124,7 @@ def build_job(args: argparse.Namespace):
     return Stage2Job(
         model_dir=str(args.model),
         games=games,
-        out_dir=str(args.out),
+        out_dir=str(output_dir(args.out)),
         cfg=cfg,
         eval_games=eval_games,
         eval_every=args.eval_every,

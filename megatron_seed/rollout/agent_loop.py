@@ -209,6 +209,7 @@ class AgentLoop:
             ep.invalid += 0 if valid else 1
             stats.invalid_actions += 0 if valid else 1
             executed = action if action is not None else gen.text
+            shown = self.prompts.lists_admissible(len(ep.turns), self.cfg.history_mode)
             ep.turns.append(
                 Turn(
                     ep.pending_user,
@@ -216,7 +217,7 @@ class AgentLoop:
                     list(gen.token_ids),
                     list(gen.logprobs),
                     observation=ep.observation,
-                    admissible=ep.admissible,
+                    admissible=ep.admissible if shown else None,
                     executed=executed,
                     valid=valid,
                 )

@@ -22,7 +22,7 @@ from typing import Any
 
 from megatron_seed.config import SkillConfig
 from megatron_seed.data.records import TrajectoryRecord, read_jsonl, write_jsonl
-from megatron_seed.errors import CommandError
+from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.skills.prompt import LAYOUTS
 
 
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.max_retries < 0 or args.min_words < 1:
         raise CommandError("--concurrency and --min-words must be >= 1, --max-retries >= 0")
     records = _load(args.inp, args.limit)
-    out = Path(args.out)
+    out = output_dir(args.out)
     out.mkdir(parents=True, exist_ok=True)
     generate_fn, client_stats = _analyzer(args, out, records)
     cfg = SkillConfig(

@@ -14,6 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
+from megatron_seed.errors import output_dir
 from megatron_seed.testbed.default_job import METHODS
 from megatron_seed.testbed.report import family_columns
 
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     """Run every (method, seed) job, then write the side-by-side table."""
     from megatron_seed.testbed.default_job import run_default_job
 
-    out = Path(args.out)
+    out = output_dir(args.out)
     results: dict[str, list[dict]] = {}
     seconds: dict[str, list[dict[str, float]]] = {}
     baseline: list[dict] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from megatron_seed.errors import output_dir
 from megatron_seed.testbed.default_job import METHODS
 
 
@@ -25,6 +26,6 @@ def run(args: argparse.Namespace) -> int:
     """Run or resume the default job."""
     from megatron_seed.testbed.default_job import run_default_job
 
-    out = args.out or ("runs/default-quick" if args.quick else "runs/default")
+    out = output_dir(args.out or ("runs/default-quick" if args.quick else "runs/default"))
     run_default_job(out, quick=args.quick, seed=args.seed, algo=args.algo)
     return 0

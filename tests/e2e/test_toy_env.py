@@ -84,7 +84,7 @@ def toy() -> EnvSpec:
         make_env=GuessEnv,
         list_tasks=_list,
         family=lambda task: "odd" if json.loads(Path(task).read_text())["target"] % 2 else "even",
-        prompts=lambda style: Prompts("Guess the number.", _first, _step, _window),
+        prompts=lambda style: Prompts("Guess the number.", _first, _step, _window, False),
         parse_action=_parse,
         task_marker="Goal:",
         description="a number-guessing game",

@@ -184,6 +184,7 @@ def demo_record(
         raise ValueError("analysis examples come from episodes without a hint")
     n = len(demo.actions) if cut is None else cut
     users = user_messages(demo, how, env)
+    style = env.prompts(how.prompt_style)
     turns = [
         Turn(
             users[i],
@@ -191,7 +192,9 @@ def demo_record(
             [0],
             [0.0],
             observation=demo.observations[i],
-            admissible=list(demo.admissible[i]),
+            admissible=(
+                list(demo.admissible[i]) if style.lists_admissible(i, how.history_mode) else None
+            ),
             executed=demo.actions[i],
         )
         for i in range(n)

@@ -1,0 +1,126 @@
+"""Every `seed` command meets bad input with a one-line error and exit code 2: truncated or
+unreadable checkpoints, output paths that collide with files, unknown names. Nothing is
+computed and nothing is written first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_seed import cli
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.testbed.tokenizer import build_tokenizer
+
+    root = tmp_path_factory.mktemp("cli_errors")
+    tok = build_tokenizer(["hello world, a tiny corpus"] * 4, 300, root / "model")
+    make_tiny_qwen(
+        root / "model",
+        vocab_size=-(-len(tok) // 4) * 4,
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        num_hidden_layers=2,
+    )
+    return root / "model"
+
+
+@pytest.fixture
+def truncated(model: Path, tmp_path: Path) -> Path:
+    bad = tmp_path / "truncated"
+    bad.mkdir()
+    for f in model.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return bad
+
+
+def _fails(capsys, argv: list[str], *needles: str) -> None:
+    assert cli.main(argv) == 2
+    _out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith(f"seed {argv[0]}: error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_truncated_checkpoint_is_a_one_line_error(truncated: Path, tmp_path: Path, capsys):
+    _fails(
+        capsys,
+        ["convert", "hf-to-megatron", "--hf", str(truncated), "--out", str(tmp_path / "o")],
+        "truncated",
+    )
+    assert not (tmp_path / "o").exists()
+    _fails(capsys, ["check-parity", "--hf", str(truncated)], "truncated")
+    (truncated / "config.json").write_text('{"model_type": ')
+    _fails(capsys, ["check-parity", "--hf", str(truncated)], "config.json")
+
+
+def test_output_path_that_is_a_file_fails_before_any_work(model: Path, tmp_path: Path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("someone's file\n")
+    _fails(
+        capsys, ["games", "--out", str(taken), "--split", "train", "--n", "1"], "is not a folder"
+    )
+    _fails(
+        capsys,
+        ["games", "--out", str(taken / "sub"), "--split", "train", "--n", "1"],
+        "is not a folder",
+    )
+    _fails(
+        capsys,
+        ["convert", "hf-to-megatron", "--hf", str(model), "--out", str(taken)],
+        "is not a folder",
+    )
+    records = tmp_path / "records.jsonl"
+    records.write_text("")
+    _fails(capsys, ["annotate", "--in", str(records), "--out", str(taken), "--embedded"])
+    assert taken.read_text() == "someone's file\n"  # untouched
+
+
+def test_unreadable_records_and_unknown_names(model: Path, tmp_path: Path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    _fails(
+        capsys,
+        ["annotate", "--in", str(bad), "--out", str(tmp_path / "a"), "--embedded"],
+        "not a file of trajectory records",
+    )
+    old = tmp_path / "old.jsonl"  # a record of the first schema (rendered prompts only)
+    old.write_text(
+        json.dumps(
+            {
+                "task_id": "t",
+                "group_id": "g",
+                "game": "x",
+                "family": "f",
+                "turns": [],
+                "reward": 0.0,
+                "won": False,
+            }
+        )
+        + "\n"
+    )
+    _fails(
+        capsys,
+        ["annotate", "--in", str(old), "--out", str(tmp_path / "a"), "--embedded"],
+        "schema 1",
+    )
+    games = tmp_path / "games"
+    games.mkdir()
+    argv = ["train", "--model", str(model), "--games", str(games), "--out", str(tmp_path / "t")]
+    _fails(capsys, [*argv, "--env", "no-such-env"], "unknown environment 'no-such-env'")
+    _fails(capsys, [*argv, "--recipe", "qwen9"], "unknown recipe 'qwen9'")
+    _fails(capsys, [*argv, "--engines", "0"], "fleet.engines must be >= 1, got 0")
+    _fails(
+        capsys,
+        ["games", "--env", "nope", "--out", str(tmp_path / "g")],
+        "unknown environment 'nope'",
+    )
