@@ -61,3 +61,30 @@ def make_tiny_qwen(out_dir: str | Path, seed: int = 0, **overrides: Any) -> Path
     out = Path(out_dir)
     model.save_pretrained(out)
     return out
+
+
+def make_tiny_policy(
+    out_dir: str | Path,
+    tokenizer: Any,
+    hidden_size: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    layers: int = 2,
+    seed: int = 0,
+) -> Path:
+    """A random tiny Qwen2 for `tokenizer` (vocab rounded up to a multiple of 4, FFN twice the
+    hidden size, head_dim hidden/heads) with the tokenizer's files beside it."""
+    from megatron_seed.testbed.tokenizer import save_tokenizer
+
+    out = make_tiny_qwen(
+        out_dir,
+        seed=seed,
+        vocab_size=-(-len(tokenizer) // 4) * 4,
+        hidden_size=hidden_size,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+    )
+    save_tokenizer(tokenizer, out)
+    return out

@@ -11,8 +11,8 @@ def make_tiny_world(root: Path, n_games: int = 6, seed: int = 1) -> Path:
     """Write ROOT/games/train/... and ROOT/model (HF checkpoint + tokenizer); return ROOT."""
     from envs.spec import get_env
     from megatron_seed.testbed import ENV
-    from megatron_seed.testbed.tiny import make_tiny_qwen
-    from megatron_seed.testbed.tokenizer import build_tokenizer, save_tokenizer
+    from megatron_seed.testbed.tiny import make_tiny_policy
+    from megatron_seed.testbed.tokenizer import build_tokenizer
 
     spec = get_env(ENV)
     games = spec.generate_tasks(root / "games", "train", n_games, seed)
@@ -26,17 +26,7 @@ def make_tiny_world(root: Path, n_games: int = 6, seed: int = 1) -> Path:
             corpus.append(f"<action>{action}</action>")
             obs, _, _, info = env.step(action)
             corpus.append(style.step(t + 1, obs, info["admissible_actions"]))
-    tok = build_tokenizer(corpus * 3, 1500)
-    make_tiny_qwen(
-        root / "model",
-        vocab_size=-(-len(tok) // 4) * 4,
-        hidden_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=256,
-        num_hidden_layers=2,
-    )
-    save_tokenizer(tok, root / "model")
+    make_tiny_policy(root / "model", build_tokenizer(corpus * 3, 1500))
     return root
 
 

@@ -12,7 +12,7 @@ from megatron_seed.data import Analysis
 from megatron_seed.pipeline.stage1 import answer_text, run_sft, sft_sequence
 from megatron_seed.skills.prompt import record_prompt
 from megatron_seed.testbed.synthetic import synthetic_records
-from megatron_seed.testbed.tiny import make_tiny_qwen
+from megatron_seed.testbed.tiny import make_tiny_policy
 from megatron_seed.testbed.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -28,16 +28,7 @@ def setup(tmp_path_factory):
     records = synthetic_records(tok, groups=8, group_size=2, turns=2, seed=1)
     for r in records:
         r.analysis = Analysis(r.task_id, valid=True)
-    make_tiny_qwen(
-        root / "model",
-        vocab_size=-(-len(tok) // 4) * 4,
-        hidden_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=256,
-        num_hidden_layers=2,
-    )
-    build_tokenizer(corpus * 2, 1024, root / "model")  # model dir holds the tokenizer files
+    make_tiny_policy(root / "model", tok)
     return root, tok, records
 
 

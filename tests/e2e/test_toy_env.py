@@ -119,23 +119,15 @@ class GuessUp:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.testbed.tiny import make_tiny_policy
     from megatron_seed.testbed.tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("toy")
     tasks = write_tasks(root / "tasks")
     corpus = [_first("find the hidden number", "A number from 1 to 5 is hidden.", GUESSES)]
     corpus += [f"<guess>{g}</guess> Higher. Lower. Right!" for g in GUESSES]
-    tok = build_tokenizer(corpus * 8, 400, root / "model")
-    make_tiny_qwen(
-        root / "model",
-        vocab_size=-(-len(tok) // 4) * 4,
-        hidden_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=128,
-        num_hidden_layers=2,
-    )
+    tok = build_tokenizer(corpus * 8, 400)
+    make_tiny_policy(root / "model", tok, hidden_size=64, heads=2, kv_heads=1)
     return root, tasks, tok
 
 

@@ -14,21 +14,12 @@ from megatron_seed import cli
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.testbed.tiny import make_tiny_policy
     from megatron_seed.testbed.tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("cli_errors")
-    tok = build_tokenizer(["hello world, a tiny corpus"] * 4, 300, root / "model")
-    make_tiny_qwen(
-        root / "model",
-        vocab_size=-(-len(tok) // 4) * 4,
-        hidden_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=128,
-        num_hidden_layers=2,
-    )
-    return root / "model"
+    tok = build_tokenizer(["hello world, a tiny corpus"] * 4, 300)
+    return make_tiny_policy(root / "model", tok, hidden_size=64, heads=2, kv_heads=1)
 
 
 @pytest.fixture
