@@ -52,27 +52,33 @@ class ClusterLayout:
 def trainer_memory_gib(
     model: ModelShape, parallel: ParallelConfig, dp: int, layout: ClusterLayout
 ) -> dict[str, float]:
-    """Estimated peak GiB on one trainer GPU, by component.
+    """Estimated peak GiB on one trainer GPU, by component, for what the trainer runs.
 
-    Mixed-precision Megatron with the distributed optimizer and full activation recompute:
-    bf16 weights (2 B/param), fp32 main grads (4), fp32 master weights + Adam m, v (12,
-    sharded over DP), a frozen bf16 reference model for the KL term (2). theta_old and the
-    teacher pass reuse the trainable weights (no extra copy). Activations: the bf16 input of
-    every local layer for up to PP in-flight micro-batches (1F1B on the first stage, sequence
-    parallel divides by TP), one layer's recompute working set (~34*s*h bytes, flash
-    attention, no s^2 term), fp32 vocab-parallel logits and their gradient (8*s*V/TP bytes).
-    Plus 4 GiB for the CUDA context, NCCL buffers and the allocator.
+    Mixed-precision Megatron: bf16 weights (2 B/param), fp32 main grads (4), fp32 master
+    weights + Adam m, v (12; sharded over DP with `parallel.distributed_optimizer`), a frozen
+    bf16 reference model for the KL term (2). theta_old and the teacher pass reuse the
+    trainable weights (no extra copy). Activations (flash attention, no s^2 term; ~34*s*h
+    bytes per layer's working set), for up to PP in-flight micro-batches of the first stage's
+    layers: with `parallel.recompute="full"` the bf16 input of each such layer plus one
+    layer's working set; otherwise ("none", or "selective", which only
+    recomputes core attention) every local layer's working set. Then fp32 vocab-parallel
+    logits and their gradient (8*s*V/TP bytes), and 4 GiB for the CUDA context, NCCL buffers
+    and the allocator.
     """
     tp, pp = parallel.tp, parallel.pp
     params_per_gpu = model.params / (tp * pp)
     s = layout.tokens_per_micro_batch
+    # 1F1B: the first stage holds up to PP micro-batches of its layers/PP layers in flight
+    layers = model.layers
+    working = 34 * s * model.hidden / tp  # one layer's activations
+    full = parallel.recompute == "full"
     parts = {
         "weights_bf16": 2 * params_per_gpu,
         "grads_fp32": 4 * params_per_gpu,
-        "optimizer_fp32": 12 * params_per_gpu / dp,
+        "optimizer_fp32": 12 * params_per_gpu / (dp if parallel.distributed_optimizer else 1),
         "reference_bf16": 2 * params_per_gpu,
-        "activations": 2 * s * model.hidden * model.layers / tp,
-        "recompute_layer": 34 * s * model.hidden / tp,
+        "activations": 2 * s * model.hidden * layers / tp if full else working * layers,
+        "recompute_layer": working if full else 0.0,
         "logits_fp32": 8 * s * model.vocab / tp,
         "runtime": 4 * GIB,
     }

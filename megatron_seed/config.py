@@ -82,6 +82,12 @@ class ParallelConfig(_Checked):
     precision: Literal["fp32", "bf16"] = "bf16"
     # GPU only, needs Transformer Engine: None, "delayed", "tensorwise", "mxfp8", "blockwise".
     fp8_recipe: str | None = None
+    # GPU only: Megatron's distributed optimizer (fp32 master weights and Adam state sharded
+    # over DP; it refuses CPU tensors). The launcher's memory estimate reads it too.
+    distributed_optimizer: bool = False
+    # activation recompute: "full" keeps only each layer's input (recomputes the layer in
+    # backward), "selective" recomputes core attention, "none" keeps everything
+    recompute: Literal["none", "selective", "full"] = "none"
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,13 @@ class Recipe:
     layout: dict[str, Any] = field(default_factory=dict)  # changes to ClusterLayout()
 
 
+# what the GPU recipes' trainer runs (and the memory estimate assumes): Adam state sharded
+# over DP, full activation recompute
+GPU_TRAINER = {"distributed_optimizer": True, "recompute": "full"}
+
+
 def _parallel(**changes: object) -> SeedConfig:
-    return SeedConfig(parallel=dataclasses.replace(ParallelConfig(), **changes))
+    return SeedConfig(parallel=dataclasses.replace(ParallelConfig(), **{**GPU_TRAINER, **changes}))
 
 
 def _engine_tp(config: SeedConfig, tp: int) -> SeedConfig:
@@ -187,12 +192,12 @@ def default_quick() -> Recipe:
 
 def qwen3_1_7b() -> Recipe:
     """Paper backbone; Table 5 hyperparameters are the defaults."""
-    return Recipe("qwen3-1.7b", QWEN3_1_7B)
+    return Recipe("qwen3-1.7b", QWEN3_1_7B, _parallel())
 
 
 def qwen2_5_3b() -> Recipe:
     """Paper backbone; Table 5 hyperparameters are the defaults."""
-    return Recipe("qwen2.5-3b", QWEN2_5_3B)
+    return Recipe("qwen2.5-3b", QWEN2_5_3B, _parallel())
 
 
 def qwen2_5_7b() -> Recipe:

@@ -14,6 +14,10 @@ the optimizer's gradient clipping, dist-checkpointing) run in float32 on the CPU
 4. The RNG tracker is created without CUDA RNG state (`inference_rng_tracker=True`).
 5. The optimizer's gradient clipping asserts CUDA tensors and uses a CUDA multi-tensor
    kernel: `_clip_grads_cpu` (same arithmetic: scale by max_norm / (norm + 1e-6)) replaces it.
+6. Activation recompute (`CheckpointFunction`) saves and restores the CUDA RNG state around
+   each recomputed block: on the CPU there is none (the CPU RNG state, which it also saves,
+   is the one that matters), so getting it returns an empty placeholder and setting it is a
+   no-op.
 
 With CUDA present `enable_cpu_mode()` does nothing. Version differences between the
 megatron-core that Python 3.11 resolves to (0.16.x) and the newest (Python 3.12) are the
@@ -92,6 +96,11 @@ def enable_cpu_mode() -> bool:
 
     clip_grads.clip_grad_by_total_norm_fp32 = _clip_grads_cpu
     optimizer.clip_grad_by_total_norm_fp32 = _clip_grads_cpu
+    import megatron.core.tensor_parallel.random as tp_random
+
+    # activation recompute saves and restores the CUDA RNG around each recomputed block
+    tp_random._get_cuda_rng_state = lambda *_a, **_k: torch.empty(0, dtype=torch.uint8)
+    tp_random._set_cuda_rng_state = lambda *_a, **_k: None
     _CPU_MODE_ON = True
     return True
 

@@ -126,10 +126,26 @@ class QwenSpec:
         return self.num_layers * layer + emb + h
 
 
+RECOMPUTE: dict[str, dict[str, Any]] = {
+    "none": {},
+    "selective": {"recompute_granularity": "selective"},  # core attention
+    "full": {
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+    },
+}
+
+
 def transformer_config(
-    spec: QwenSpec, tp: int = 1, pp: int = 1, precision: str = "fp32", fp8_recipe: str | None = None
+    spec: QwenSpec,
+    tp: int = 1,
+    pp: int = 1,
+    precision: str = "fp32",
+    fp8_recipe: str | None = None,
+    recompute: str = "none",
 ) -> Any:
-    """The megatron-core `TransformerConfig` for `spec`."""
+    """The megatron-core `TransformerConfig` for `spec` (`recompute`: a `RECOMPUTE` key)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_seed.models.compat import filter_kwargs
@@ -169,6 +185,9 @@ def transformer_config(
     )
     if fp8_recipe:
         kwargs.update(fp8="hybrid", fp8_recipe=fp8_recipe)
+    if recompute not in RECOMPUTE:
+        raise ModelConfigError(f"recompute must be one of {list(RECOMPUTE)}, got {recompute!r}")
+    kwargs.update(RECOMPUTE[recompute])
     return TransformerConfig(**filter_kwargs(TransformerConfig.__init__, kwargs))
 
 
@@ -200,11 +219,13 @@ def build_gpt_model(
     fp8_recipe: str | None = None,
     use_te: bool | None = None,
     core_attention: type | None = None,
+    recompute: str = "none",
 ) -> Any:
     """This process's stage of the model for the initialised Megatron process groups.
 
     `use_te` defaults to "CUDA is available and Transformer Engine imports";
-    `core_attention` overrides the local spec's (`layer_spec`).
+    `core_attention` overrides the local spec's (`layer_spec`); `recompute`: activation
+    recompute in backward (`RECOMPUTE`).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -216,7 +237,7 @@ def build_gpt_model(
         use_te = torch.cuda.is_available() and _te_available()
     if fp8_recipe and not use_te:
         raise ModelConfigError("FP8 needs Transformer Engine on a GPU")
-    config = transformer_config(spec, tp, pp, precision, fp8_recipe)
+    config = transformer_config(spec, tp, pp, precision, fp8_recipe, recompute)
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(spec, use_te, core_attention),

@@ -104,6 +104,12 @@ def build_job(args: argparse.Namespace):
     if not args.games:
         raise CommandError("--games DIR is required (or set SEED_GAMES_DIR)")
     cfg = build_config(args)
+    import torch
+
+    from megatron_seed.train.trainer import DIST_OPT_ON_CPU
+
+    if cfg.parallel.distributed_optimizer and not torch.cuda.is_available():
+        raise CommandError(DIST_OPT_ON_CPU)
     spec = validate_hf_dir(args.model, cfg.parallel.tp, cfg.parallel.pp)
     if not (Path(args.model) / "tokenizer.json").is_file():
         raise CommandError(f"{args.model} has no tokenizer.json")

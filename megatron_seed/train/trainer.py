@@ -62,6 +62,12 @@ def _metric_keys(cfg: SeedConfig) -> list[str]:
     return sorted(metrics)
 
 
+DIST_OPT_ON_CPU = (
+    "parallel.distributed_optimizer needs GPUs (Megatron's distributed optimizer refuses CPU "
+    "tensors): set it to false on CPU"
+)
+
+
 class SeedTrainer:
     """Policy, reference model and optimizer of one rank, in Megatron's process groups."""
 
@@ -77,11 +83,18 @@ class SeedTrainer:
         self.cfg = cfg
         ckpt = HFCheckpoint(hf_dir)
         self.spec: QwenSpec = ckpt.spec
-        precision = cfg.parallel.precision if torch.cuda.is_available() else "fp32"
-        model = build_gpt_model(self.spec, precision=precision, fp8_recipe=cfg.parallel.fp8_recipe)
+        par = cfg.parallel
+        if par.distributed_optimizer and not torch.cuda.is_available():
+            raise ValueError(DIST_OPT_ON_CPU)
+        precision = par.precision if torch.cuda.is_available() else "fp32"
+        model = build_gpt_model(
+            self.spec, precision=precision, fp8_recipe=par.fp8_recipe, recompute=par.recompute
+        )
         load_hf_weights(model, ckpt)
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=par.distributed_optimizer,
         )
         model.config.calculate_per_token_loss = True  # sum over DP, no 1/num_microbatches
         self.model = DistributedDataParallel(
@@ -105,7 +118,7 @@ class SeedTrainer:
                 clip_grad=o.clip_grad,
                 bf16=precision == "bf16",
                 params_dtype=torch.bfloat16 if precision == "bf16" else torch.float32,
-                use_distributed_optimizer=False,
+                use_distributed_optimizer=par.distributed_optimizer,
             ),
             [self.model],
         )

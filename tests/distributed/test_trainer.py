@@ -63,6 +63,25 @@ def test_update_identical_across_tp_pp_dp(tiny):
         assert worst <= 1e-5, (layout, worst)
 
 
+def test_activation_recompute_changes_memory_not_math(tiny):
+    """`parallel.recompute` full (TP=2) and selective (TP=1) give the update and gradients
+    of no recompute; the distributed optimizer is refused on CPU in one line."""
+    hf, tok = tiny
+    (base_metrics, base_grads), *_ = spawn(workers.update_and_grads, 1, hf, tok, 1, 1, CFG)
+    for tp, mode in ((2, "full"), (1, "selective")):
+        cfg = dataclasses.replace(CFG, parallel=dataclasses.replace(CFG.parallel, recompute=mode))
+        metrics, grads = spawn(workers.update_and_grads, tp, hf, tok, tp, 1, cfg)[0]
+        assert abs(metrics["loss/total"] - base_metrics["loss/total"]) <= 1e-5 * abs(
+            base_metrics["loss/total"]
+        ), (mode, metrics, base_metrics)
+        assert max(_rel(grads[k], base_grads[k]) for k in grads) <= 1e-5, mode
+    dist_opt = dataclasses.replace(
+        CFG, parallel=dataclasses.replace(CFG.parallel, distributed_optimizer=True)
+    )
+    with pytest.raises(RuntimeError, match="distributed_optimizer needs GPUs"):
+        spawn(workers.update_and_grads, 1, hf, tok, 1, 1, dist_opt)
+
+
 def test_live_and_snapshot_teachers(tiny):
     """They coincide with one mini-batch per update and differ with two (the second
     mini-batch's teacher sees the weights after the first step only in `live`)."""

@@ -109,6 +109,24 @@ def test_memory_estimate_shrinks_with_dp_and_model_parallelism() -> None:
     assert one["weights_bf16"] == pytest.approx(72.71e9 / 16 * 2 / 1024**3, rel=0.01)
 
 
+def test_memory_estimate_reads_what_the_trainer_runs() -> None:
+    model = recipes.get("qwen2.5-7b").model
+    parallel = recipes.get("qwen2.5-7b").config.parallel
+    assert (parallel.distributed_optimizer, parallel.recompute) == (True, "full")
+    layout = ClusterLayout()
+    ran = trainer_memory_gib(model, parallel, 4, layout)
+    plain = dataclasses.replace(parallel, distributed_optimizer=False)
+    assert trainer_memory_gib(model, plain, 4, layout)["optimizer_fp32"] == pytest.approx(
+        4 * ran["optimizer_fp32"]
+    )  # not sharded over DP=4
+    kept = trainer_memory_gib(model, dataclasses.replace(parallel, recompute="none"), 4, layout)
+    # no recompute: every layer's working set (34 s h) instead of its input (2 s h) + one
+    assert kept["activations"] == pytest.approx(17 * ran["activations"])
+    assert kept["recompute_layer"] == 0.0 and kept["total"] > ran["total"] + 10
+    # the CPU recipes run what a CPU can: no distributed optimizer
+    assert not recipes.get("tiny").config.parallel.distributed_optimizer
+
+
 # ---------------------------------------------------------------- bad input, one line
 
 

@@ -106,3 +106,19 @@ def test_cli_bad_inputs(tiny, tmp_path):
         "convert", "hf-to-megatron", "--hf", str(tiny), "--out", str(tmp_path / "o"), "--tp", "4"
     )
     assert r.returncode == 2 and "TP=4 does not divide the attention heads" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("mode", "granularity", "layers"),
+    [("none", None, None), ("selective", "selective", None), ("full", "full", 1)],
+)
+def test_recompute_reaches_megatron(mode, granularity, layers):
+    """The option is a field megatron-core knows (not silently filtered out)."""
+    from megatron_seed.models.qwen import transformer_config
+
+    spec = _spec()
+    config = transformer_config(spec, recompute=mode)
+    assert config.recompute_granularity == granularity
+    assert config.recompute_num_layers == layers
+    with pytest.raises(ModelConfigError, match="recompute must be one of"):
+        transformer_config(spec, recompute="some")
