@@ -179,6 +179,12 @@ class FleetConfig(_Checked):
     sync_bucket_bytes: int = _range(64 << 20, 1)  # weight-sync bucket size
     transport: Literal["ray", "cuda_ipc", "nccl"] = "ray"  # weight transport (GPU: ipc/nccl)
     max_restarts: int = _range(2, 0)  # restarts per engine slot over the fleet's life
+    # after every sync the trainer and each engine score this many fixed probe tokens; an
+    # engine whose mean |Δ log-prob| exceeds the threshold of the trainer's precision fails
+    # the update (0: no probe). Same weights: ~1e-6 in float32, ~1e-2 in bf16
+    refit_probe_tokens: int = _range(64, 0)
+    refit_max_gap_fp32: float = _range(1e-3, 0.0, open_lo=True)
+    refit_max_gap_bf16: float = _range(5e-2, 0.0, open_lo=True)
 
 
 @dataclass(frozen=True)

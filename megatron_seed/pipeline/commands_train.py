@@ -126,7 +126,7 @@ def build_job(args: argparse.Namespace):
     except (EnvSpecError, ValueError) as err:
         raise CommandError(str(err)) from None
     if not games:
-        raise CommandError(f"no {env.name} tasks under {args.games}")
+        raise CommandError(f"no games under {args.games} (no {env.name} tasks found)")
     return Stage2Job(
         model_dir=str(args.model),
         games=games,

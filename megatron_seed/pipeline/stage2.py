@@ -5,7 +5,9 @@ Every trainer rank runs `run_stage2` with the same code. Rank 0's rollout side i
 a `NoRollout` that plays nothing, and receive each update's trajectories from rank 0. One
 update, as named phases (each timed as `time/<phase>`, its metrics under `<phase>/`):
 
-    sync      theta_old := theta; stream the trainer's weights into every engine
+    sync      theta_old := theta; stream the trainer's weights into every engine; the
+              trainer and every engine score a fixed probe (`rollout.refit`): an engine
+              whose weights differ fails the update, naming the engine
     rollout   B tasks x N episodes with theta_old (the fleet) against the env workers
     analyze   the same fleet turns each finished episode into a hindsight skill s
     train     old/ref/teacher log-probs, SEED loss, Adam step (`SeedTrainer.train_step`)
@@ -132,6 +134,7 @@ class Run:
     side: RolloutSide | NoRollout
     hf_config: dict[str, Any]
     need_sync: bool  # the engines do not hold theta yet
+    probe: Any = None  # TokenBatch [1, n] the refit check scores after every sync
 
     @property
     def cfg(self) -> SeedConfig:
@@ -146,18 +149,49 @@ class Run:
 
 
 def sync(run: Run) -> dict[str, float]:
-    """Stream theta into every engine (a collective over trainer ranks; rank 0 sends)."""
+    """Stream theta into every engine (a collective over trainer ranks; rank 0 sends), then
+    verify the refit on the probe."""
     from megatron_seed.models.convert import export_hf_weights
 
     stream = export_hf_weights(run.trainer.model.module, run.trainer.spec, dtype=torch.float32)
+    metrics: dict[str, float] = {}
     if run.side.session is None:
         for _ in stream:
             pass
+    else:
+        stats = run.side.session.fleet.update_weights(
+            ((k, v.cpu()) for k, v in stream), bucket_bytes=run.cfg.fleet.sync_bucket_bytes
+        )
+        metrics = {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds}
+    return {**metrics, **verify_refit(run)}
+
+
+def verify_refit(run: Run) -> dict[str, float]:
+    """The trainer and every engine score the probe; `RefitError` (on every rank) if an
+    engine's weights differ from the trainer's."""
+    from megatron_seed.rollout.refit import RefitError, check_refit
+
+    if run.probe is None:
         return {}
-    stats = run.side.session.fleet.update_weights(
-        ((k, v.cpu()) for k, v in stream), bucket_bytes=run.cfg.fleet.sync_bucket_bytes
-    )
-    return {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds}
+    reference = run.trainer.score(run.probe)[0, :-1].tolist()  # a collective
+    verdict: str | dict[str, float] = {}
+    if run.side.session is not None:
+        ids = run.probe.input_ids[0].tolist()
+        per_engine = [p[0] for p in run.side.session.fleet.prompt_logprobs_per_engine([ids])]
+        fleet = run.cfg.fleet
+        tol = (
+            fleet.refit_max_gap_bf16
+            if run.trainer.precision == "bf16"
+            else fleet.refit_max_gap_fp32
+        )
+        try:
+            verdict = check_refit(reference, per_engine, tol)
+        except RefitError as err:
+            verdict = str(err)
+    verdict = _broadcast(verdict)
+    if isinstance(verdict, str):
+        raise RefitError(f"update {run.step}: {verdict}")
+    return verdict
 
 
 def rollout(run: Run) -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
@@ -312,7 +346,19 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
         cfg.save(out / "config.json")
     hf_config = json.loads((Path(job.model_dir) / "config.json").read_text())
     need_sync = resumed is not None or job.fleet_address is not None
-    return Run(job, trainer, tokenizer, side, hf_config, need_sync)
+    return Run(job, trainer, tokenizer, side, hf_config, need_sync, _probe(cfg, tokenizer))
+
+
+def _probe(cfg: SeedConfig, tokenizer: Any) -> Any:
+    """The fixed refit probe ([1, n] TokenBatch), or None when the probe is off."""
+    from megatron_seed.data import TokenSequence, collate
+    from megatron_seed.rollout.refit import probe_ids
+
+    n = cfg.fleet.refit_probe_tokens
+    if not n:
+        return None
+    ids = probe_ids(len(tokenizer), set(tokenizer.all_special_ids), n, cfg.seed)
+    return collate([TokenSequence(ids, [False] * n, [0.0] * n, [0] * n)], 0)
 
 
 def _export_final(trainer: Any, path: Path, hf_config: dict, tokenizer_dir: str) -> None:

@@ -62,6 +62,16 @@ def _metric_keys(cfg: SeedConfig) -> list[str]:
     return sorted(metrics)
 
 
+def _mismatch(old: torch.Tensor, batch: TokenBatch) -> dict[str, float]:
+    """Train-inference mismatch on the sampled action tokens: |rollout log-prob (the engine's)
+    - theta_old log-prob (the trainer's)|, mean and max. old: [B, s]."""
+    diff = (batch.rollout_logprobs - old).abs()[batch.loss_mask]  # [n]
+    diff = diff[~torch.isnan(diff)]  # no rollout log-prob (e.g. SFT data)
+    if not diff.numel():
+        return {}
+    return {"mismatch/mean": float(diff.mean()), "mismatch/max": float(diff.max())}
+
+
 DIST_OPT_ON_CPU = (
     "parallel.distributed_optimizer needs GPUs (Megatron's distributed optimizer refuses CPU "
     "tensors): set it to false on CPU"
@@ -87,6 +97,7 @@ class SeedTrainer:
         if par.distributed_optimizer and not torch.cuda.is_available():
             raise ValueError(DIST_OPT_ON_CPU)
         precision = par.precision if torch.cuda.is_available() else "fp32"
+        self.precision = precision
         model = build_gpt_model(
             self.spec, precision=precision, fp8_recipe=par.fp8_recipe, recompute=par.recompute
         )
@@ -207,6 +218,7 @@ class SeedTrainer:
             )
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value / len(minis)
+        totals.update(_mismatch(old, pb.student))
         self.state.step += 1
         return totals
 

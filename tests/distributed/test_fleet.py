@@ -177,6 +177,31 @@ def test_partial_update_keeps_other_layers(fleet, model_dir, tiny_tokenizer):
     assert _max_diff(base, fleet.prompt_logprobs(seqs)) <= 1e-5
 
 
+def test_refit_guard_names_the_engine_with_corrupted_weights(fleet, model_dir):
+    """One engine gets a corrupted down_proj after a good sync: the probe check fails and
+    names it; a full sync heals it and the check passes with a float32-sized gap."""
+    import ray
+
+    from megatron_seed.rollout.refit import RefitError, check_refit, probe_ids
+    from megatron_seed.rollout.weight_sync import flatten_bucket
+
+    full = _perturbed(model_dir, seed=8)
+    fleet.update_weights(iter(full))
+    probe = probe_ids(505, {0, 1, 2}, 64, seed=0)
+    reference = fleet.prompt_logprobs_per_engine([probe])[0][0]
+    assert check_refit(reference, [p[0] for p in fleet.prompt_logprobs_per_engine([probe])], 1e-3)
+    name = "model.layers.0.mlp.down_proj.weight"
+    weight = dict(full)[name]
+    ray.get(fleet._engines[1].load_bucket.remote(flatten_bucket([(name, weight * -3.0)])))
+    with pytest.raises(RefitError, match=r"engine 1 disagrees with the trainer"):
+        check_refit(reference, [p[0] for p in fleet.prompt_logprobs_per_engine([probe])], 1e-3)
+    fleet.update_weights(iter(full))
+    metrics = check_refit(
+        reference, [p[0] for p in fleet.prompt_logprobs_per_engine([probe])], 1e-3
+    )
+    assert metrics["sync/probe_gap_max"] <= 1e-5
+
+
 # ------------------------------------------------------------------ failures
 
 

@@ -35,6 +35,10 @@ def test_seed_train_three_updates_then_resume(setup):
         assert r["rollout/episodes"] == 16  # B=4 tasks x N=4
         assert r["analyze/n"] >= 1
         assert r["sync/bytes"] > 0
+        # the engines hold the trainer's weights (refit probe), and the log-probs the engines
+        # sampled with are the trainer's theta_old log-probs (float32 on both sides)
+        assert r["sync/probe_gap_max"] <= 1e-4
+        assert r["train/mismatch/mean"] <= 1e-3 and r["train/mismatch/max"] <= 1e-2
         for phase in ("rollout", "analyze", "train", "sync"):
             assert r[f"time/{phase}"] > 0
     records = [
