@@ -144,6 +144,9 @@ class RolloutConfig(_Checked):
     history_mode: Literal["full", "window"] = "full"
     history_window: int = _range(2, 0)
     invalid_action_penalty: float = _range(0.0, 0.0)
+    # each update's sampling restarts from (seed, update): a run resumed from a checkpoint
+    # samples exactly what the uninterrupted run would have
+    reseed_each_update: bool = True
     # "paper": the paper's actor prompt (Figure 11); "compact": task + observation only
     # (the environment's renderers; the tiny CPU policy's)
     prompt_style: Literal["paper", "compact"] = "paper"

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import socket
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -90,7 +92,8 @@ def spawn(fn: Callable, world_size: int, *args: Any) -> list[Any]:
     """Run `fn(*args)` in `world_size` fresh processes; return each rank's result.
 
     `fn` must be importable (module level). A failure in any rank raises `RuntimeError`
-    carrying that rank's traceback.
+    carrying that rank's traceback. SIGTERM to this process is passed on to the ranks (they
+    decide how to stop; Stage 2 checkpoints at the next update boundary).
     """
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -101,6 +104,31 @@ def spawn(fn: Callable, world_size: int, *args: Any) -> list[Any]:
     ]
     for p in procs:
         p.start()
+    with _forward_sigterm(procs):
+        return _collect(procs, queue, world_size)
+
+
+@contextlib.contextmanager
+def _forward_sigterm(procs: list[Any]) -> Iterator[None]:
+    """While the ranks run, SIGTERM to this process goes to each of them instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signum)
+
+    old = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _collect(procs: list[Any], queue: Any, world_size: int) -> list[Any]:
+    """Each rank's result, in rank order; `RuntimeError` with the first failure."""
     results: dict[int, Any] = {}
     errors: list[str] = []
     while len(results) + len(errors) < world_size:

@@ -140,7 +140,7 @@ def build_job(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) Stage 2."""
     from megatron_seed.models.parallel import spawn
-    from megatron_seed.pipeline.stage2 import run_stage2
+    from megatron_seed.pipeline.stage2 import PREEMPTED, run_stage2
 
     job = build_job(args)
     world = job.cfg.parallel.tp * job.cfg.parallel.pp * args.dp
@@ -148,5 +148,13 @@ def run(args: argparse.Namespace) -> int:
         run_stage2(job)  # launched by torchrun: this process is one rank
     else:
         spawn(run_stage2, world, job)
+    note = Path(job.out_dir) / PREEMPTED
+    if note.is_file():  # SIGTERM: stopped at an update boundary with a checkpoint
+        step = json.loads(note.read_text())["step"]
+        print(f"preempted after update {step}: rerun the same command to resume")
+        return PREEMPTED_EXIT
     print(f"done: metrics in {Path(job.out_dir) / 'metrics.jsonl'}")
     return 0
+
+
+PREEMPTED_EXIT = 143  # 128 + SIGTERM: the job stopped on request and can be requeued

@@ -21,9 +21,12 @@ checkpoints to OUT/checkpoints/; a killed run resumes from the latest complete c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,12 +205,19 @@ def rollout(run: Run) -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
     cfg = run.cfg
     games = side.sampler.take(run.trainer.state.data_position, cfg.rollout.tasks_per_update)
     session = side.session
+    if cfg.rollout.reseed_each_update:
+        session.fleet.reseed(update_seed(cfg.seed, run.step))
     records, stats = session.play(
         session.tasks(games), cfg.rollout.group_size, session.sampling(), update=run.step
     )
     metrics = rollout_metrics(records)
     metrics.update({f"rollout/{k}": float(v) for k, v in dataclasses.asdict(stats).items()})
     return records, metrics
+
+
+def update_seed(seed: int, step: int) -> int:
+    """The engines' sampling seed for update `step` (engine e draws from it + e)."""
+    return seed * 1_000_003 + step * 1_009
 
 
 def analyze(run: Run, records: list[TrajectoryRecord] | None) -> dict[str, float]:
@@ -308,19 +318,69 @@ def update(run: Run) -> dict[str, Any]:
 
 
 def run_stage2(job: Stage2Job, fleet: Any = None, pool: Any = None) -> list[dict[str, Any]]:
-    """The Stage-2 loop on this rank; returns the metrics rows written (rank 0) or []."""
+    """The Stage-2 loop on this rank; returns the metrics rows written (rank 0) or [].
+
+    SIGTERM (what Slurm sends before it kills a preempted or timed-out job) lets the current
+    update finish, checkpoints at its boundary, writes OUT/preempted.json and returns: a rerun
+    resumes with the next update."""
     run = _setup(job, fleet, pool)
     rows = []
     try:
-        while run.step < job.cfg.updates:
-            metrics = update(run)
-            run.side.write(run.step, metrics)
-            if run.side.session is not None:
-                rows.append({"step": run.step, **metrics})
+        with preemption() as asked:
+            while run.step < job.cfg.updates:
+                metrics = update(run)
+                run.side.write(run.step, metrics)
+                if run.side.session is not None:
+                    rows.append({"step": run.step, **metrics})
+                if _agreed(asked()):
+                    _preempt(run)
+                    return rows
         _export_final(run.trainer, Path(job.out_dir) / "final_hf", run.hf_config, job.model_dir)
     finally:
         run.side.close()
     return rows
+
+
+PREEMPTED = "preempted.json"
+
+
+@contextlib.contextmanager
+def preemption() -> Any:
+    """Record SIGTERM instead of dying of it (main thread only); yields `asked() -> bool`."""
+    box = {"asked": False}
+
+    def handler(signum: int, frame: Any) -> None:
+        box["asked"] = True
+        print("SIGTERM: finishing this update, then a checkpoint", flush=True)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield lambda: box["asked"]
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _agreed(asked: bool) -> bool:
+    """Whether any rank was asked to stop (every rank then stops at the same boundary)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return asked
+    flag = torch.tensor([float(asked)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _preempt(run: Run) -> None:
+    """Checkpoint at this update boundary (unless this update saved one) and leave a note."""
+    cfg = run.cfg
+    if not (cfg.save_every and run.step % cfg.save_every == 0):
+        checkpoint(run)
+    if _rank() == 0:
+        note = {"step": run.step, "updates": cfg.updates}
+        (Path(run.job.out_dir) / PREEMPTED).write_text(json.dumps(note) + "\n")
+        print(f"preempted after update {run.step}: checkpoint saved; rerun to resume", flush=True)
 
 
 def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
@@ -333,6 +393,8 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
 
     cfg, out = job.cfg, Path(job.out_dir)
     init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed)
+    if _rank() == 0:
+        (out / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     trainer = SeedTrainer(cfg, job.model_dir)
     resumed = latest_checkpoint(out / "checkpoints")

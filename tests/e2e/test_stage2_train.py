@@ -1,5 +1,6 @@
 """Stage 2 end to end on CPU: 2 vLLM engines in Ray actors, Ray env workers on generated
-ALFWorld games, the Megatron trainer; `seed train` for 3 updates, then a resume."""
+ALFWorld games, the Megatron trainer; `seed train` for 3 updates, then a resume; a run
+stopped by SIGTERM that resumes into exactly the uninterrupted run's next update."""
 
 from __future__ import annotations
 
@@ -19,10 +20,17 @@ def setup(tmp_path_factory):
     return make_tiny_world(tmp_path_factory.mktemp("stage2"))
 
 
-def _train(root, *extra):
-    config = {"rollout": {"tasks_per_update": 4, "group_size": 4}}
-    cmd = train_command(root, root / "out", config, *extra)
+CONFIG = {"rollout": {"tasks_per_update": 4, "group_size": 4}}
+
+
+def _train(root, *extra, out: str = "out"):
+    cmd = train_command(root, root / out, CONFIG, *extra)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+
+
+def _rows(out) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
 def test_seed_train_three_updates_then_resume(setup):
@@ -103,3 +111,43 @@ def test_bad_inputs_fail_fast(setup, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_continues_exactly(setup):
+    """SIGTERM during update 2: the run finishes it, checkpoints, exits 143; the rerun's
+    update 3 plays and scores exactly what the uninterrupted run's update 3 did (the
+    reference is the first test's 3-update run: same model, games, config and seed)."""
+    import os
+    import signal
+    import time
+
+    root = setup
+    reference = root / "out" / "trajectories" / "update_00002.jsonl"
+    assert reference.is_file(), "runs after test_seed_train_three_updates_then_resume"
+    out = root / "preempted"
+    cmd = train_command(root, out, CONFIG, "--updates", "3")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 900
+    while len(_rows(out)) < 1 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGTERM)  # update 2 is under way
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "preempted after update 2" in stdout
+    assert [r["step"] for r in _rows(out)] == [1, 2]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    assert not (out / "final_hf").exists()
+    proc = _train(root, "--updates", "3", out="preempted")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3]  # none lost, none repeated
+    assert not (out / "preempted.json").exists()
+    resumed = (out / "trajectories" / "update_00002.jsonl").read_text().splitlines()
+    want = reference.read_text().splitlines()
+    fields = ("task_id", "turns", "reward", "won", "skill")
+    assert [{k: json.loads(x)[k] for k in fields} for x in resumed] == [
+        {k: json.loads(x)[k] for k in fields} for x in want
+    ]
+    (done,) = [r for r in _rows(root / "out") if r["step"] == 3]
+    again = _rows(out)[-1]
+    for key in ("train/loss/total", "train/loss/opd", "rollout/success"):
+        assert again[key] == pytest.approx(done[key], rel=1e-6, abs=1e-9), key
