@@ -146,9 +146,10 @@ def _default_job(quick: bool) -> SeedConfig:
     return SeedConfig(
         parallel=ParallelConfig(precision="fp32"),
         rollout=RolloutConfig(
-            # QUICK, tasks x updates, seed 0, SEED's training-game success (base 35.4 %):
-            # 2 x 12: 47.9 %, 3 x 10: 50.0, 3 x 12: 52.1, 2 x 15: 43.8, 2 x 20: 54.2 (one
-            # seed: +-10 points); 2 x 12 keeps the job within 5 minutes (docs/results.md)
+            # QUICK, tasks x updates, seed 0, SEED's training-game success (base 35.4 %), one
+            # continuous sampling stream: 2 x 12: 47.9 %, 3 x 10: 50.0, 3 x 12: 52.1, 2 x 15:
+            # 43.8, 2 x 20: 54.2 (one seed: +-10 points; with each update reseeded, 2 x 12
+            # gives 39.6 %); 2 x 12 keeps the job within 5 minutes (docs/results.md)
             tasks_per_update=2 if quick else 4,
             group_size=8,
             max_steps=15,  # small rooms need fewer than ALFWorld's 30
