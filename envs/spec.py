@@ -115,36 +115,21 @@ class EnvSpec:
     commands: str | None = None
     demos: str | None = None
 
-    def task_family_columns(self, families: Sequence[str]) -> list[tuple[str, str]]:
-        """Report columns for the families present: the spec's order, then any others."""
-        known = [(f, label) for f, label in self.report_columns if f in families]
-        seen = {f for f, _ in known}
-        return known + [(f, f) for f in sorted(set(families) - seen)]
-
 
 # name -> "module:attribute" of a spec (or of a function returning one); imported on demand
 _BUILTIN: dict[str, str] = {"alfworld": "envs.alfworld:spec"}
-_REGISTERED: dict[str, EnvSpec] = {}
-
-
-def register(spec: EnvSpec) -> EnvSpec:
-    """Make ``spec`` available under ``spec.name`` in this process."""
-    _REGISTERED[spec.name] = spec
-    return spec
-
-
-def names() -> list[str]:
-    """The environments known by name (built in and registered here)."""
-    return sorted({*_BUILTIN, *_REGISTERED})
+_LOADED: dict[str, EnvSpec] = {}  # this process's specs, by the name they were asked for
 
 
 def get_env(name: str) -> EnvSpec:
-    """The spec of ``name``: a registered or built-in name, or ``module:ATTR``."""
-    if name in _REGISTERED:
-        return _REGISTERED[name]
+    """The spec of ``name``: a built-in name, or ``module:ATTR``."""
+    if name in _LOADED:
+        return _LOADED[name]
     target = _BUILTIN.get(name, name)
     if ":" not in target:
-        raise EnvSpecError(f"unknown environment {name!r}; choose from {names()} or module:ATTR")
+        raise EnvSpecError(
+            f"unknown environment {name!r}; choose from {sorted(_BUILTIN)} or module:ATTR"
+        )
     module_name, attr = target.split(":", 1)
     try:
         obj = getattr(importlib.import_module(module_name), attr)
@@ -155,5 +140,5 @@ def get_env(name: str) -> EnvSpec:
         raise EnvSpecError(f"{target} is not an EnvSpec (got {type(spec).__name__})")
     if spec.name != name:  # found by import path: remember it under that path too
         spec = dataclasses.replace(spec, name=name)
-    _REGISTERED[name] = spec
+    _LOADED[name] = spec
     return spec

@@ -9,8 +9,8 @@ reused across episodes).
 - Max steps: the env ends an episode after ``max_steps`` actions, status ``truncated``.
 - Failures: a worker that dies (crash, OOM, killed) or does not answer within the timeout is
   replaced by a fresh actor and its live episodes are rebuilt there by replaying their
-  action histories (environments must be deterministic given their actions); they continue with status
-  ``recovered``. An episode whose own action kills the fresh worker again, or whose game
+  action histories (environments must be deterministic given their actions); they continue
+  with status ``recovered``. An episode whose own action kills the fresh worker again, or whose game
   cannot be loaded, ends with status ``error`` and a message. Nothing is dropped silently:
   every requested episode gets a ``StepResult``.
 """
