@@ -29,6 +29,7 @@ WORKDIR /opt/megatron-seed
 #    top-level __init__ files let the editable install register its packages now.
 COPY requirements.txt requirements-gpu.txt requirements-dev.txt pyproject.toml ./
 COPY tools/install.sh tools/install.sh
+COPY tools/leptonai_v1_compat tools/leptonai_v1_compat
 COPY megatron_seed/__init__.py megatron_seed/__init__.py
 COPY envs/__init__.py envs/__init__.py
 COPY launch/__init__.py launch/__init__.py

