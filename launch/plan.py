@@ -164,8 +164,8 @@ def min_nodes(recipe: recipes.Recipe, limit: int = 256) -> int:
 
 def _with_fleet(config: SeedConfig, layout: ClusterLayout, nodes: int) -> SeedConfig:
     """The config with the fleet the layout gives: one engine per `engine_tp` fleet GPUs,
-    each reserving its GPUs in Ray (a CPU job keeps the config's own fleet)."""
-    if not layout.on_gpu:
+    each reserving its GPUs in Ray (a layout without GPUs keeps the config's own fleet)."""
+    if not layout.has_gpus:
         return config
     tp = config.fleet.engine_tp
     fleet = dataclasses.replace(
@@ -179,7 +179,7 @@ def _layout(
 ) -> ClusterLayout:
     layout = base
     if gpus_per_node is not None and gpus_per_node != layout.gpus_per_node:
-        if gpus_per_node < 1 or not layout.on_gpu:
+        if gpus_per_node < 1 or not layout.has_gpus:
             raise PlanError(f"--gpus-per-node {gpus_per_node} does not apply to this recipe")
         # Keep the recipe's fleet share of each node; the trainer takes the rest.
         fleet = gpus_per_node * layout.fleet_gpus_per_node // layout.gpus_per_node

@@ -70,13 +70,11 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
     log_dir = f"{job_dir}/ray-logs"
     cflags = " ".join(shlex.quote(f) for f in container_flags(opts))
     step = f"srun --overlap --ntasks-per-node=1 {cflags}".rstrip()
+    ray_env, gpus = "", f" --num-gpus={lay.fleet_gpus_per_node}"  # a CPU job: logical GPUs
     if lay.on_gpu:
         first = lay.trainer_ranks_per_node
         devices = ",".join(str(i) for i in range(first, first + lay.fleet_gpus_per_node))
         ray_env = f"env CUDA_VISIBLE_DEVICES={devices} "
-        gpus = f" --num-gpus={lay.fleet_gpus_per_node}"
-    else:
-        ray_env, gpus = "", " --num-gpus=0"
     health = (
         f'{step} --nodes=1 -w "$head_node" python -m launch.ray_health '
         f'--address "$RAY_ADDRESS" --timeout {opts.ray_timeout_s}'
@@ -139,7 +137,7 @@ def make_executor(plan: LaunchPlan, opts: SlurmOptions) -> Any:
         time=opts.time,
         nodes=plan.nodes,
         ntasks_per_node=lay.trainer_ranks_per_node,
-        gpus_per_node=lay.gpus_per_node or None,
+        gpus_per_node=lay.gpus_per_node or None,  # GRES; a CPU job's are placement slots
         exclusive=True,
         container_image=opts.container_image,
         container_mounts=list(opts.container_mounts),

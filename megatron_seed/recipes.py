@@ -118,11 +118,26 @@ SHAPES: dict[str, ModelShape] = {
     "tiny": TINY,
     "tiny-base": TINY_BASE,
 }
-CPU_LAYOUT = {"gpus_per_node": 0, "trainer_ranks_per_node": 1, "fleet_gpus_per_node": 0}
+CPU_LAYOUT = {
+    "device": "cpu",
+    "gpus_per_node": 0,
+    "trainer_ranks_per_node": 1,
+    "fleet_gpus_per_node": 0,
+}
+# A CPU job laid out like a GPU one: per node one trainer rank and one engine, each holding
+# one of the node's two GPU slots (Slurm GRES, Ray logical GPUs; nothing runs on them). At
+# `--nodes 2`: data parallel 2, one engine on each node (the multi-node rehearsal).
+CPU_SLOTS_LAYOUT = {
+    "device": "cpu",
+    "gpus_per_node": 2,
+    "trainer_ranks_per_node": 1,
+    "fleet_gpus_per_node": 1,
+}
 
 
 def tiny() -> Recipe:
-    """The CPU test configuration: two Stage-2 updates of a tiny model, one trainer process."""
+    """The CPU test configuration: two Stage-2 updates of a tiny model, one trainer rank and
+    one engine per node."""
     config = SeedConfig(
         parallel=ParallelConfig(precision="fp32"),
         rollout=RolloutConfig(
@@ -137,7 +152,7 @@ def tiny() -> Recipe:
         sft_epochs=1,
         save_every=1,
     )
-    return Recipe("tiny", TINY, config, CPU_LAYOUT)
+    return Recipe("tiny", TINY, config, CPU_SLOTS_LAYOUT)
 
 
 def _default_job(quick: bool) -> SeedConfig:

@@ -116,6 +116,7 @@ class RolloutSide:
         )
         self.log = MetricsLog(job.out_dir)
         self.sampler = TaskSampler(job.games, job.cfg.seed)
+        print(f"fleet: {self.session.placement}", flush=True)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         """Log one update and print its summary line."""
@@ -387,12 +388,14 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     """Trainer (resumed from the latest checkpoint), tokenizer and this rank's rollout side."""
     from transformers import AutoTokenizer
 
+    from megatron_seed.hosts import node_name
     from megatron_seed.models.parallel import init_parallel
     from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
     cfg, out = job.cfg, Path(job.out_dir)
     init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed)
+    print(f"trainer rank {_rank()}/{dist.get_world_size()} on node {node_name()}", flush=True)
     if _rank() == 0:
         (out / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)

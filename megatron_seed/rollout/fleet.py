@@ -94,6 +94,13 @@ class _EngineActor:
     def ready(self) -> int:
         return os.getpid()
 
+    def node(self) -> tuple[str, str]:
+        import ray
+
+        from megatron_seed.hosts import node_name
+
+        return node_name(), ray.get_runtime_context().get_node_id()
+
     def generate(
         self, prompts: list[list[int]], spec: SamplingSpec, offsets: list[int]
     ) -> list[Generation]:
@@ -271,6 +278,12 @@ class Fleet:
         self._engines = [self._start_engine(i) for i in range(num_engines)]
         self._wait_ready(list(range(num_engines)))
         ray.get(self._state.set_engines.remote(self._engines))
+        # (node name, Ray node id) of every engine: logged, and checked when one dies
+        self._nodes = ray.get([e.node.remote() for e in self._engines])
+
+    def placement(self) -> list[str]:
+        """The node each engine runs on (Slurm's node name, else the host name)."""
+        return [name for name, _ in self._nodes]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -305,6 +318,7 @@ class Fleet:
         self.name = address.name
         self._state = ray.get_actor(f"{address.name}-state", namespace=address.namespace)
         self._engines = list(ray.get(self._state.get_engines.remote()))
+        self._nodes = ray.get([e.node.remote() for e in self._engines])
         self._owner, self._closed = False, False
         self.max_restarts, self.restarts = 0, [0] * len(self._engines)
         self.request_timeout_s, self.max_inflight = 600.0, 2
@@ -354,17 +368,36 @@ class Fleet:
                 f"engine {index} failed {self.restarts[index]} times (max_restarts="
                 f"{self.max_restarts}); last failure: {reason}"
             )
+        self._check_node(index, reason)
         log.warning("restarting engine %d (restart %d): %s", index, self.restarts[index], reason)
         with contextlib.suppress(Exception):
             ray.kill(self._engines[index], no_restart=True)
         self._engines[index] = self._start_engine(index)
         self._wait_ready([index])
+        self._nodes[index] = ray.get(self._engines[index].node.remote())
         refs = ray.get(self._state.synced_refs.remote())
         # Replay the last synced weights, bucket by bucket, before any work is resubmitted.
         ray.get(
             [self._engines[index].load_bucket.remote(r) for r in refs], timeout=self.start_timeout_s
         )
         ray.get(self._state.set_engine.remote(index, self._engines[index]))
+
+    def _check_node(self, index: int, reason: str) -> None:
+        """Fail at once when the engine went down with its node and no other node has the
+        GPUs to restart it (waiting would only hang until `start_timeout_s`)."""
+        import ray
+
+        name, node_id = self._nodes[index]
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        if node_id in alive:
+            return
+        need = float(self._resources["num_gpus"])
+        free = float(ray.available_resources().get("GPU", 0.0))
+        if need > free:
+            raise FleetError(
+                f"engine {index} was lost with node {name} (it left the Ray cluster), and "
+                f"no node has the {need:g} free GPU(s) to restart it; last failure: {reason}"
+            )
 
     def kill_engine(self, index: int) -> None:
         """Kill engine actor `index` now, without telling the fleet (failure tests)."""

@@ -12,6 +12,7 @@ started and closes only that.
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,28 @@ def engine_kwargs(cfg: SeedConfig, model_dir: str | Path) -> dict[str, Any]:
     }
 
 
+def init_ray(cfg: SeedConfig, address: str | None = None) -> None:
+    """Join the Ray cluster at `address` (or `RAY_ADDRESS`), else start one on this machine.
+
+    A Ray started here on a machine without CUDA gets the fleet's GPUs as logical GPUs:
+    engines that reserve GPUs (a launched CPU job's placement slots) then schedule exactly
+    as they would on GPU nodes."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None and cfg.fleet.gpus_per_engine > 0:
+        import torch
+
+        if not torch.cuda.is_available():
+            kwargs["num_gpus"] = math.ceil(cfg.fleet.engines * cfg.fleet.gpus_per_engine)
+    ray.init(address=address, **kwargs)
+
+
 def start_fleet(cfg: SeedConfig, model_dir: str | Path) -> Any:
     """A `Fleet` of `cfg.fleet`'s engines serving `model_dir` (needs `ray.init()`)."""
     from megatron_seed.rollout.fleet import Fleet
@@ -46,6 +69,16 @@ def start_fleet(cfg: SeedConfig, model_dir: str | Path) -> Any:
         num_gpus_per_engine=cfg.fleet.gpus_per_engine,
         transport=cfg.fleet.transport,
     )
+
+
+def _placement(fleet: Any, pool: Any) -> str:
+    """'engines on n1, n2; env workers on n1, n2' (what runs where, for the log)."""
+    import ray
+
+    engines = fleet.placement() if hasattr(fleet, "placement") else []
+    workers = getattr(pool, "workers", [])
+    envs = ray.get([w.node.remote() for w in workers]) if workers else []
+    return f"engines on {', '.join(engines) or '?'}; env workers on {', '.join(envs) or '?'}"
 
 
 class RolloutSession:
@@ -68,14 +101,11 @@ class RolloutSession:
         pool: Any = None,
         ray_address: str | None = None,
     ) -> None:
-        import ray
-
         from envs.workers import EnvPool
 
         self.cfg = cfg
         self.env = env or get_env(cfg.env.name)
-        if not ray.is_initialized():
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+        init_ray(cfg, ray_address)
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -101,6 +131,7 @@ class RolloutSession:
             )
             self._owned.append(pool)
         self.fleet, self.pool = fleet, pool
+        self.placement = _placement(fleet, pool)
         self.context = engine_kwargs(cfg, model_dir)["max_model_len"]
         self.loop = AgentLoop(fleet, pool, tokenizer, cfg.rollout, self.env)
 

@@ -23,6 +23,7 @@ from launch.commands import memory_summary, parse_job
 from launch.layout import ClusterLayout, LayoutError, check_layout, trainer_memory_gib
 from launch.plan import JobCommand, PlanError, make_plan, min_nodes, recipe_layout
 from launch.ray_health import cluster_size, wait_for_cluster
+from launch.slurm import SlurmOptions, render
 from megatron_seed import cli, recipes
 from megatron_seed.config import SeedConfig
 
@@ -212,7 +213,20 @@ def test_job_command_carries_only_the_differences_from_the_recipe() -> None:
     one = make_plan("qwen2.5-7b").job().args
     assert one[:3] == ("train", "--recipe", "qwen2.5-7b")
     assert json.loads(one[4]) == {"fleet": {"engines": 4, "gpus_per_engine": 1.0}}
-    assert make_plan("tiny").job().args == ("train", "--recipe", "tiny")  # CPU: the recipe's
+    # a CPU job without GPU slots keeps the recipe's own fleet
+    assert make_plan("default").job().args == ("train", "--recipe", "default")
+
+
+def test_tiny_at_two_nodes_is_dp2_with_one_engine_per_node_on_gpu_slots() -> None:
+    plan = make_plan("tiny", 2)
+    assert (plan.trainer_world, plan.dp, plan.fleet_gpus) == (2, 2, 2)
+    assert not plan.layout.on_gpu and plan.layout.has_gpus
+    fleet = plan.config.fleet
+    assert (fleet.engines, fleet.gpus_per_engine, fleet.engine_tp) == (2, 1.0, 1)
+    script = render(plan, SlurmOptions(job_dir="/shared/jobs"))
+    assert "--gpus-per-node=2" in script  # the GRES slots are requested like GPUs
+    assert "--num-gpus=1" in script  # each node's Ray worker advertises its fleet slot
+    assert "CUDA_VISIBLE_DEVICES" not in script  # nothing is pinned to a device
 
 
 def test_gpus_per_node_keeps_the_fleet_share_and_fleet_gpus_moves_it() -> None:

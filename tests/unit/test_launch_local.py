@@ -89,8 +89,10 @@ def test_seed_launch_local_exit_code_follows_the_job(
 def test_seed_launch_local_dryrun_prints_the_command(capsys) -> None:
     assert cli.main(["launch", "tiny", "--dryrun"]) == 0
     out = capsys.readouterr().out.splitlines()
+    # one engine on the node's fleet GPU slot, reserved through the config
     assert out[-1] == (
-        "torchrun --standalone --nproc-per-node 1 -m megatron_seed.cli train --recipe tiny"
+        "torchrun --standalone --nproc-per-node 1 -m megatron_seed.cli train --recipe tiny "
+        """--config-json '{"fleet":{"engines":1,"gpus_per_engine":1.0}}'"""
     )
 
 
