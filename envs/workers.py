@@ -148,15 +148,14 @@ class EnvPool:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self._ray = ray
-        # SPREAD: on a multi-node Ray cluster the workers go round the nodes
-        self._actor_cls = ray.remote(
-            num_cpus=worker_cpus, max_restarts=0, scheduling_strategy="SPREAD"
-        )(EnvWorker)
+        self._actor_cls = ray.remote(num_cpus=worker_cpus, max_restarts=0)(EnvWorker)
+        # worker i prefers node i mod N (Ray's SPREAD packs zero-CPU actors on one node)
+        self._nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
         self._env = env
         self._max_steps = max_steps
         self.step_timeout_s = step_timeout_s
         self.reset_timeout_s = reset_timeout_s
-        self._workers = [self._spawn() for _ in range(num_workers)]
+        self._workers = [self._spawn(i) for i in range(num_workers)]
         self._episodes: dict[int, _Episode] = {}
         self._prefetched: list[int] = []
         self._ids = itertools.count()
@@ -165,8 +164,14 @@ class EnvPool:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    def _spawn(self) -> Any:
-        return self._actor_cls.remote(self._env, self._max_steps)
+    def _spawn(self, index: int) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = self._nodes[index % len(self._nodes)] if self._nodes else None
+        strategy = NodeAffinitySchedulingStrategy(node, soft=True) if node else "DEFAULT"
+        return self._actor_cls.options(scheduling_strategy=strategy).remote(
+            self._env, self._max_steps
+        )
 
     @property
     def workers(self) -> list[Any]:
@@ -291,7 +296,7 @@ class EnvPool:
     def _replace_worker(self, w: int) -> None:
         with contextlib.suppress(Exception):  # already gone
             self._ray.kill(self._workers[w])
-        self._workers[w] = self._spawn()
+        self._workers[w] = self._spawn(w)
         self.restarts += 1
 
     def _call_one(self, episode_id: int, method: str, *args: Any) -> Any:

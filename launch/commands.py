@@ -2,8 +2,9 @@
 
 Validates the recipe, layout and memory before anything starts (one-line errors, exit 2).
 `--dryrun` prints the generated job script and submits nothing. Without it, `slurm` submits
-with sbatch (on this login node, or over `--ssh`) and `local` runs torchrun here, waits, and
-exits non-zero unless the job SUCCEEDED.
+with sbatch (on this login node, or over `--ssh`) and prints the job id; with `--wait` it
+follows the job and exits 0 only if it COMPLETED (Ctrl-C cancels the job). `local` runs
+torchrun here, waits, and exits non-zero unless the job SUCCEEDED.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import contextlib
 import shlex
 import shutil
 import sys
+from pathlib import Path
+from typing import Any
 
 from launch.layout import trainer_memory_gib
 from launch.plan import JobCommand, LaunchPlan, PlanError, make_plan
@@ -55,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slurm.add_argument("--ssh", help="USER@HOST of a Slurm login node (default: sbatch here)")
     slurm.add_argument(
         "--package-code", action="store_true", help="ship this checkout's HEAD with the job"
+    )
+    slurm.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job to its end: exit 0 only if it COMPLETED; Ctrl-C cancels it",
     )
 
 
@@ -140,9 +148,26 @@ def _slurm(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -
             "sbatch not found: run on a Slurm login node, pass --ssh, or use --dryrun"
         )
     with contextlib.redirect_stdout(sys.stderr):
-        exp_id = slurm.submit(plan, opts, job)
-    print(f"submitted experiment {exp_id} (nemo experiment status {exp_id})")
-    return 0
+        sub = slurm.submit(plan, opts, job)
+    print(f"submitted job {sub.job_id} (experiment {sub.experiment_id}; logs in {sub.folder})")
+    if not args.wait:
+        return 0
+    return _wait(sub, args.ssh)
+
+
+def _wait(sub: Any, ssh: str | None) -> int:
+    """Follow the job; on anything but COMPLETED print why and the logs' last lines."""
+    from launch.follow import follow, local_runner, log_tails, ssh_runner
+
+    end = follow(sub.job_id, ssh_runner(ssh) if ssh else local_runner)
+    print(end.summary())
+    if end.succeeded:
+        return 0
+    if not ssh:  # the logs are on this machine's view of the shared filesystem
+        for path, lines in log_tails(Path(sub.folder), sub.job_id):
+            print(f"--- {path}", file=sys.stderr)
+            print("\n".join(lines), file=sys.stderr)
+    return 130 if end.reason == "Ctrl-C" else 1
 
 
 def _local(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -> int:

@@ -69,6 +69,8 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
     job_dir = _job_dir(opts)
     log_dir = f"{job_dir}/ray-logs"
     cflags = " ".join(shlex.quote(f) for f in container_flags(opts))
+    # explicit task counts: inside the allocation srun would otherwise inherit SLURM_NTASKS
+    # (all the job's tasks) and start one head or health check per task
     step = f"srun --overlap --ntasks-per-node=1 {cflags}".rstrip()
     ray_env, gpus = "", f" --num-gpus={lay.fleet_gpus_per_node}"  # a CPU job: logical GPUs
     if lay.on_gpu:
@@ -76,7 +78,7 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
         devices = ",".join(str(i) for i in range(first, first + lay.fleet_gpus_per_node))
         ray_env = f"env CUDA_VISIBLE_DEVICES={devices} "
     health = (
-        f'{step} --nodes=1 -w "$head_node" python -m launch.ray_health '
+        f'{step} --nodes=1 --ntasks=1 -w "$head_node" python -m launch.ray_health '
         f'--address "$RAY_ADDRESS" --timeout {opts.ray_timeout_s}'
     )
     lines = [
@@ -92,7 +94,7 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
         "export RAY_AUTH_TOKEN=\"$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"",
         "set -x",
         "# 1. Ray head on the first node",
-        f'{step} --nodes=1 -w "$head_node" --output={log_dir}/head-%j.out '
+        f'{step} --nodes=1 --ntasks=1 -w "$head_node" --output={log_dir}/head-%j.out '
         f'{ray_env}ray start --head --block --node-ip-address="$head_node_ip" '
         f"--port={opts.ray_port}{gpus} --disable-usage-stats &",
     ]
@@ -101,7 +103,7 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
             "# 2. health wait: the head answers before workers connect",
             f"{health} --nodes 1 || {{ echo 'Ray head did not come up'; exit 1; }}",
             f"# 3. Ray workers on the other {plan.nodes - 1} node(s)",
-            f'{step} --nodes={plan.nodes - 1} --exclude="$head_node" '
+            f'{step} --nodes={plan.nodes - 1} --ntasks={plan.nodes - 1} --exclude="$head_node" '
             f"--output={log_dir}/worker-%j-%t.out "
             f'{ray_env}ray start --block --address="$RAY_ADDRESS"{gpus} --disable-usage-stats &',
         ]
@@ -171,8 +173,17 @@ def render(plan: LaunchPlan, opts: SlurmOptions, job: JobCommand | None = None) 
         shutil.rmtree(base, ignore_errors=True)
 
 
-def submit(plan: LaunchPlan, opts: SlurmOptions, job: JobCommand | None = None) -> str:
-    """Submit with sbatch (here or over SSH) and return the experiment id."""
+@dataclass(frozen=True)
+class Submitted:
+    """A submitted job: NeMo-Run's experiment id, Slurm's job id, the experiment folder."""
+
+    experiment_id: str
+    job_id: str
+    folder: str  # logs and the sbatch script (on the cluster's filesystem)
+
+
+def submit(plan: LaunchPlan, opts: SlurmOptions, job: JobCommand | None = None) -> Submitted:
+    """Submit with sbatch (here or over SSH); returns at once."""
     import nemo_run as run
 
     exp = run.Experiment(
@@ -185,7 +196,11 @@ def submit(plan: LaunchPlan, opts: SlurmOptions, job: JobCommand | None = None) 
     with exp, _stdin_from_devnull():
         exp.add((job or plan.job()).to_nemo_script(), name=JOB_NAME)
         exp.run(detach=True)
-        return exp._id  # NeMo-Run has no public accessor; `nemo experiment status ID` uses it
+        handle = exp.jobs[0]
+        # the app handle is "slurm_tunnel://nemo_run/<slurm job id>"
+        job_id = str(handle.handle).rstrip("/").rsplit("/", 1)[-1]
+        # NeMo-Run has no public accessor for the id; `nemo experiment status ID` uses it
+        return Submitted(exp._id, job_id, str(handle.executor.experiment_dir))
 
 
 @contextlib.contextmanager
