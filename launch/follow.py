@@ -128,6 +128,7 @@ def follow(
 ) -> JobEnd:
     """Poll until the job ends; Ctrl-C cancels it. The final state, with lost nodes."""
     last, unknown, nodes, ran, restarts = "", 0, "", False, None
+    start = time.monotonic()
     try:
         while True:
             info = job_info(job_id, run)
@@ -144,7 +145,8 @@ def follow(
                 nodes = listed if listed and listed != "(null)" else nodes
             if state != last:
                 where = f" on {nodes}" if nodes and state == "RUNNING" else ""
-                print(f"job {job_id}: {state}{where}", file=out, flush=True)
+                took = time.monotonic() - start
+                print(f"job {job_id}: {state}{where} (+{took:.0f} s)", file=out, flush=True)
                 last = state
             ran = ran or state == "RUNNING"
             count = info.get("Restarts", "0")

@@ -15,14 +15,15 @@ the daemons `up` started. `up` is idempotent: it starts what is not running (a n
 with `kill-node` rejoins) and waits until every node is idle.
 
 `kill-node` simulates losing a machine: SIGKILL to the node's slurmd, its job steps
-(`slurmstepd`) and every process of a job running on it (`SLURMD_NODENAME`): the job's tasks,
-a Ray raylet started there and the Ray workers it spawned.
+(`slurmstepd`) and every process of this cluster's jobs running on it (`SLURMD_NODENAME`,
+`SLURM_CONF`): the job's tasks, a Ray raylet started there and the Ray workers it spawned.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -35,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol")
-NODE_MARK = "SEED_LOCAL_NODE"  # in the environment of a node's slurmd and its slurmstepd
+# "ROOT:NODE" in the environment of a node's slurmd and its slurmstepd processes
+NODE_MARK = "SEED_LOCAL_NODE"
 
 
 class ClusterError(RuntimeError):
@@ -142,6 +144,8 @@ def write_config(cluster: LocalCluster) -> None:
     nodes = f"n[1-{cluster.nodes}]" if cluster.nodes > 1 else "n1"
     lines.append(f"PartitionName=local Nodes={nodes} Default=YES MaxTime=INFINITE State=UP")
     cluster.conf.write_text("\n".join(lines) + "\n")
+    shape = {"nodes": cluster.nodes, "gpus": cluster.gpus, "port": cluster.port}
+    (root / "cluster.json").write_text(json.dumps(shape) + "\n")
     files = f"{root}/fakegpu[0-{cluster.gpus - 1}]" if cluster.gpus > 1 else f"{root}/fakegpu0"
     (root / "gres.conf").write_text(f"NodeName={nodes} Name=gpu File={files}\n")
 
@@ -174,7 +178,7 @@ def up(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
             cluster,
             f"slurmd-{name}",
             ["slurmd", "-D", "-N", name, "-f", str(cluster.conf)],
-            extra_env={NODE_MARK: name},
+            extra_env={NODE_MARK: f"{root}:{name}"},
         )
     _wait_for(lambda: _all_idle(cluster), timeout_s, lambda: f"nodes not idle: {_states(cluster)}")
 
@@ -197,13 +201,15 @@ def kill_node(cluster: LocalCluster, node: str) -> list[int]:
     """SIGKILL a node's slurmd, its steps and its jobs' processes (a lost machine); the pids."""
     if node not in cluster.node_names:
         raise ClusterError(f"no node {node!r} in this cluster ({', '.join(cluster.node_names)})")
-    pids = []
+    pids, mark = [], f"{cluster.root}:{node}"
     pid = _read_pid(cluster, f"slurmd-{node}")
     if pid is not None:
         pids.append(pid)
     for proc, environ in _processes():
-        if environ.get(NODE_MARK) == node or (
-            environ.get("SLURMD_NODENAME") == node and "SLURM_JOB_ID" in environ
+        if environ.get(NODE_MARK) == mark or (
+            environ.get("SLURMD_NODENAME") == node
+            and "SLURM_JOB_ID" in environ
+            and environ.get("SLURM_CONF") == str(cluster.conf)
         ):
             pids.append(proc)
     for p in pids:
@@ -348,7 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.gpus < 1:
         parser.error("--nodes and --gpus must be >= 1")
-    cluster = LocalCluster(Path(args.dir).resolve(), args.nodes, args.gpus, args.port)
+    root = Path(args.dir).resolve()
+    cluster = LocalCluster(root, args.nodes, args.gpus, args.port)
+    if args.action != "up" and (root / "cluster.json").is_file():  # the shape `up` wrote
+        cluster = LocalCluster(root, **json.loads((root / "cluster.json").read_text()))
     try:
         if args.action == "up":
             start = time.monotonic()

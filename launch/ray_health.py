@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray  # only inside the job
 
-    deadline = time.monotonic() + args.timeout
+    start = time.monotonic()
+    deadline = start + args.timeout
     while True:  # the head may not accept connections yet
         try:
             ray.init(address=args.address, logging_level="ERROR", log_to_driver=False)
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         ray.shutdown()
-    print(f"ray_health: ready: {nodes} nodes, {gpus:g} GPUs", flush=True)
+    took = time.monotonic() - start
+    print(f"ray_health: ready: {nodes} nodes, {gpus:g} GPUs after {took:.1f} s", flush=True)
     return 0
 
 

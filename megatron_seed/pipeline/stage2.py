@@ -27,6 +27,7 @@ import json
 import random
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,7 @@ class RolloutSide:
         from megatron_seed.rollout.session import RolloutSession
 
         self.job = job
+        start = time.perf_counter()
         self.session = RolloutSession(
             job.cfg,
             job.model_dir,
@@ -116,7 +118,8 @@ class RolloutSide:
         )
         self.log = MetricsLog(job.out_dir)
         self.sampler = TaskSampler(job.games, job.cfg.seed)
-        print(f"fleet: {self.session.placement}", flush=True)
+        took = time.perf_counter() - start
+        print(f"fleet: {self.session.placement} (up in {took:.1f} s)", flush=True)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         """Log one update and print its summary line."""
@@ -395,14 +398,21 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
 
     cfg, out = job.cfg, Path(job.out_dir)
     init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed)
-    print(f"trainer rank {_rank()}/{dist.get_world_size()} on node {node_name()}", flush=True)
+    where = f"trainer rank {_rank()}/{dist.get_world_size()} on node {node_name()}"
+    print(where, flush=True)
     if _rank() == 0:
         (out / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
+    start = time.perf_counter()
     trainer = SeedTrainer(cfg, job.model_dir)
     resumed = latest_checkpoint(out / "checkpoints")
     if resumed is not None:
         load_checkpoint(trainer, resumed)
+    took = time.perf_counter() - start
+    print(
+        f"{where}: trainer built in {took:.1f} s" + (f", resumed {resumed}" if resumed else ""),
+        flush=True,
+    )
     side: RolloutSide | NoRollout = NoRollout()
     if _rank() == 0:
         side = RolloutSide(job, tokenizer, fleet, pool)

@@ -187,3 +187,25 @@ def test_cuda_ipc_bucket_is_readable_from_another_process():
     proc.join(timeout=30)
     for (n, t), (m, u) in zip(tensors, got, strict=True):
         assert n == m and torch.equal(t.cpu(), u)
+
+
+def test_an_engine_lost_with_its_node_fails_at_once_when_no_gpu_is_free(monkeypatch):
+    """No restart that could only hang: the node is gone and no other node has a free GPU."""
+    import ray
+
+    from megatron_seed.rollout.fleet import Fleet, FleetError
+
+    fleet = Fleet.__new__(Fleet)
+    fleet._nodes = [("n1", "id-1"), ("n2", "id-2")]
+    fleet._resources = {"num_cpus": 0.0, "num_gpus": 1.0}
+    alive = [{"NodeID": "id-1", "Alive": True}, {"NodeID": "id-2", "Alive": False}]
+    monkeypatch.setattr(ray, "nodes", lambda: alive)
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 2.0})
+    fleet._check_node(0, "died")  # its node is alive: a restart may proceed
+    with pytest.raises(FleetError, match="engine 1 was lost with node n2"):
+        fleet._check_node(1, "ActorDiedError")
+    monkeypatch.setattr(ray, "available_resources", lambda: {"GPU": 1.0})
+    fleet._check_node(1, "ActorDiedError")  # another node has a free GPU: restart there
+    fleet._resources["num_gpus"] = 0.0
+    monkeypatch.setattr(ray, "available_resources", lambda: {})
+    fleet._check_node(1, "ActorDiedError")  # a CPU engine needs no GPU to restart

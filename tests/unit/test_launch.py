@@ -227,6 +227,11 @@ def test_tiny_at_two_nodes_is_dp2_with_one_engine_per_node_on_gpu_slots() -> Non
     assert "--gpus-per-node=2" in script  # the GRES slots are requested like GPUs
     assert "--num-gpus=1" in script  # each node's Ray worker advertises its fleet slot
     assert "CUDA_VISIBLE_DEVICES" not in script  # nothing is pinned to a device
+    # one head and one worker, whatever task count the allocation hands srun by default
+    assert re.search(
+        r"--nodes=1 --ntasks=1 -w \"\$head_node\" --output=\S+ ray start --head", script
+    )
+    assert re.search(r"--nodes=1 --ntasks=1 --exclude=\S+ --output=\S+ ray start --block", script)
 
 
 def test_gpus_per_node_keeps_the_fleet_share_and_fleet_gpus_moves_it() -> None:
@@ -503,7 +508,9 @@ def test_seed_launch_slurm_submits_the_rendered_script(tmp_path: Path, monkeypat
     argv = ["launch", "qwen2.5-7b", "--executor", "slurm", "--nodes", "2"]
     argv += ["--job-dir", str(tmp_path / "jobs"), "--container-image", IMAGE]
     assert cli.main(argv) == 0
-    assert "submitted experiment seed-qwen2.5-7b_" in capsys.readouterr().out
+    assert re.search(
+        r"submitted job 4242 \(experiment seed-qwen2.5-7b_\d+; logs in ", capsys.readouterr().out
+    )
     (call,) = (tmp_path / "sbatch.log").read_text().splitlines()
     script_path = Path(call.split()[-1])
     assert script_path.is_relative_to(tmp_path / "jobs")  # on the shared job folder
