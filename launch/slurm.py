@@ -90,12 +90,15 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
         'head_node_ip="${head_node_ip%% *}"',
         f'export RAY_ADDRESS="$head_node_ip:{opts.ray_port}"',
         "export RAY_AUTH_MODE=token",
+        "# the job's own Ray folder on each node: a `ray start` in the default /tmp/ray leaves",
+        "# /tmp/ray/ray_current_cluster behind, which a later plain ray.init() there tries to join",
+        'ray_tmp="/tmp/ray-seed-$SLURM_JOB_ID"',
         "{ set +x; } 2>/dev/null  # keep the token out of the log",
         "export RAY_AUTH_TOKEN=\"$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"",
         "set -x",
         "# 1. Ray head on the first node",
         f'{step} --nodes=1 --ntasks=1 -w "$head_node" --output={log_dir}/head-%j.out '
-        f'{ray_env}ray start --head --block --node-ip-address="$head_node_ip" '
+        f'{ray_env}ray start --head --block --temp-dir="$ray_tmp" --node-ip-address="$head_node_ip" '
         f"--port={opts.ray_port}{gpus} --disable-usage-stats &",
     ]
     if plan.nodes > 1:
@@ -105,7 +108,8 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
             f"# 3. Ray workers on the other {plan.nodes - 1} node(s)",
             f'{step} --nodes={plan.nodes - 1} --ntasks={plan.nodes - 1} --exclude="$head_node" '
             f"--output={log_dir}/worker-%j-%t.out "
-            f'{ray_env}ray start --block --address="$RAY_ADDRESS"{gpus} --disable-usage-stats &',
+            f'{ray_env}ray start --block --temp-dir="$ray_tmp" --address="$RAY_ADDRESS"{gpus} '
+            "--disable-usage-stats &",
         ]
     lines += [
         f"# 4. health wait: {plan.nodes} node(s), {plan.fleet_gpus} fleet GPU(s)",

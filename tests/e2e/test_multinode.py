@@ -5,17 +5,18 @@ during update 2, and the rerun that resumes."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from launch.local_cluster import LocalCluster, down, job_processes, kill_node, up
+from megatron_seed.testbed.rehearsal import finish, launch_tiny, steps, wait_for_update
+from megatron_seed.testbed.tiny_world import make_tiny_world
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,47 +37,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from megatron_seed.testbed.tiny_world import make_tiny_world
-
     return make_tiny_world(tmp_path_factory.mktemp("world"))
 
 
-def _launch(cluster: LocalCluster, world: Path, job_dir: Path, out: Path) -> subprocess.Popen:
-    bin_dir = Path(sys.executable).parent
-    env = {
-        **cluster.env(),
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-        "SEED_MODEL_DIR": str(world / "model"),
-        "SEED_GAMES_DIR": str(world / "games"),
-        "SEED_OUT_DIR": str(out),
-    }
-    argv = [
-        sys.executable, "-m", "megatron_seed.cli", "launch", "tiny", "--executor", "slurm",
-        "--nodes", "2", "--wait", "--job-dir", str(job_dir),
-        "--env-setup", f"export PATH={bin_dir}:$PATH",
-    ]  # fmt: skip
-    return subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-
-
-def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str, Path]:
+def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str, str]:
     """(exit code, output, Slurm job id, the job's log text)."""
-    output, _ = proc.communicate(timeout=timeout)
-    found = re.search(r"submitted job (\d+) \(experiment \S+; logs in (\S+)\)", output)
-    assert found, output[-3000:]
-    job_id, folder = found.group(1), Path(found.group(2))
-    logs = "\n".join(
-        p.read_text(errors="replace") for p in sorted(folder.rglob(f"log-*_{job_id}_*"))
-    )
-    return proc.returncode, output, job_id, logs
+    run = finish(proc, timeout, time.monotonic())
+    return run.code, run.output, run.job_id, run.logs
 
 
-def _steps(out: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+# `ray start` in the default folder leaves this behind; a later plain ray.init() here would
+# try to join the dead cluster it names
+RAY_CLUSTER_FILE = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
 
 
-def _assert_nothing_left(cluster: LocalCluster, job_id: str) -> None:
+def _assert_nothing_left(cluster: LocalCluster, job_id: str, since: float) -> None:
+    assert not RAY_CLUSTER_FILE.exists() or RAY_CLUSTER_FILE.stat().st_mtime < since
     deadline = time.monotonic() + 30
     while job_processes(job_id) and time.monotonic() < deadline:
         time.sleep(1)
@@ -95,29 +71,25 @@ def _placement(logs: str) -> tuple[set[str], list[str]]:
 def test_two_node_launch_trains_and_leaves_nothing(
     cluster: LocalCluster, world: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "out"
-    code, output, job_id, logs = _finish(_launch(cluster, world, tmp_path / "jobs", out), 600)
+    out, since = tmp_path / "out", time.time()
+    code, output, job_id, logs = _finish(launch_tiny(cluster, world, tmp_path / "jobs", out), 600)
     assert code == 0, output[-4000:]
     assert f"job {job_id} COMPLETED" in output
-    assert _steps(out) == [1, 2]
+    assert steps(out) == [1, 2]
     ranks, engines = _placement(logs)
     assert ranks == {"n1", "n2"}  # one trainer rank on each node (DP=2)
     assert engines == ["n1", "n2"]  # one engine on each node's fleet GPU slot
     assert (out / "checkpoints" / "step_000002").is_dir()
     assert (out / "final_hf" / "model.safetensors").is_file()
-    _assert_nothing_left(cluster, job_id)
+    _assert_nothing_left(cluster, job_id, since)
 
 
 def test_a_lost_node_fails_fast_and_the_rerun_resumes(
     cluster: LocalCluster, world: Path, tmp_path: Path
 ) -> None:
-    out, jobs = tmp_path / "out", tmp_path / "jobs"
-    proc = _launch(cluster, world, jobs, out)
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.is_file() and metrics.read_text().strip()):  # update 1 is done
-        assert proc.poll() is None and time.monotonic() < deadline, "update 1 never finished"
-        time.sleep(0.5)
+    out, jobs, since = tmp_path / "out", tmp_path / "jobs", time.time()
+    proc = launch_tiny(cluster, world, jobs, out)
+    wait_for_update(out, proc)  # update 1 is done, update 2 runs
     killed = kill_node(cluster, "n2")
     lost_at = time.monotonic()
     code, output, job_id, _ = _finish(proc, 180)
@@ -126,14 +98,14 @@ def test_a_lost_node_fails_fast_and_the_rerun_resumes(
     assert "lost node(s): n2" in output, output[-4000:]
     assert took < 120, f"the failure took {took:.0f} s to surface"
     assert len(killed) > 3  # slurmd, slurmstepd, the trainer rank, the Ray worker, ...
-    _assert_nothing_left(cluster, job_id)
-    assert _steps(out) == [1]
+    _assert_nothing_left(cluster, job_id, since)
+    assert steps(out) == [1]
 
     up(cluster)  # the node comes back
-    code, output, job_id, logs = _finish(_launch(cluster, world, jobs, out), 600)
+    code, output, job_id, logs = _finish(launch_tiny(cluster, world, jobs, out), 600)
     assert code == 0, output[-4000:]
-    assert _steps(out) == [1, 2]  # resumed after update 1: nothing duplicated, nothing missing
+    assert steps(out) == [1, 2]  # resumed after update 1: nothing duplicated, nothing missing
     assert "[update 1/2]" not in logs and "[update 2/2]" in logs
     assert _placement(logs) == ({"n1", "n2"}, ["n1", "n2"])
     assert (out / "final_hf" / "model.safetensors").is_file()
-    _assert_nothing_left(cluster, job_id)
+    _assert_nothing_left(cluster, job_id, since)
