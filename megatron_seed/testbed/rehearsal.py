@@ -32,6 +32,11 @@ STARTUP = {
     "trainer_build_s": re.compile(r"trainer rank 0/\d+ on node \S+: trainer built in ([\d.]+) s"),
     "fleet_and_env_workers_s": re.compile(r"fleet: .* \(up in ([\d.]+) s\)"),
 }
+# `seed launch --wait`'s state changes, seconds after submission
+FOLLOW = {
+    "running_after_s": re.compile(r"job \d+: RUNNING on \S+ \(\+(\d+) s\)"),
+    "ended_after_s": re.compile(r"job \d+: (?:COMPLETED|COMPLETING|FAILED) \(\+(\d+) s\)"),
+}
 
 
 @dataclass
@@ -73,9 +78,11 @@ def finish(proc: subprocess.Popen, timeout: float, started: float) -> Finished:
     if not found:
         raise RuntimeError(f"no job was submitted:\n{output[-3000:]}")
     job_id, folder = found.group(1), Path(found.group(2))
-    logs = "\n".join(
-        p.read_text(errors="replace") for p in sorted(folder.rglob(f"log-*_{job_id}_*"))
+    # the ranks' log (torchrun's srun step) and the batch script's (Ray bring-up)
+    paths = sorted(folder.rglob(f"log-*_{job_id}_*")) + sorted(
+        folder.rglob(f"sbatch_*_{job_id}.out")
     )
+    logs = "\n".join(p.read_text(errors="replace") for p in paths)
     return Finished(proc.returncode, output, job_id, logs, wall)
 
 
@@ -101,6 +108,10 @@ def measure(run: Finished, out: Path) -> dict[str, object]:
     found: dict[str, object] = {"wall_s": round(run.wall_s, 1), "exit": run.code}
     for key, pattern in STARTUP.items():
         hit = pattern.search(run.logs)
+        if hit:
+            found[key] = float(hit.group(1))
+    for key, pattern in FOLLOW.items():
+        hit = pattern.search(run.output)
         if hit:
             found[key] = float(hit.group(1))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
