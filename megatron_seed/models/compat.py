@@ -146,9 +146,20 @@ def model_parallel_seed(seed: int) -> None:
         fn(seed)
 
 
-def filter_kwargs(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Drop keyword arguments that this megatron-core's `fn` does not accept."""
+def filter_kwargs(
+    fn: Any, kwargs: dict[str, Any], optional: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The keyword arguments this megatron-core's `fn` accepts; `ValueError` naming any other
+    one, unless it is in `optional` (switches whose absence changes nothing, e.g. a fusion
+    turned off). A silently dropped `fp8_recipe` or `bf16` would change the model."""
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return kwargs
+    dropped = sorted(k for k in kwargs if k not in params and k not in optional)
+    if dropped:
+        version = ".".join(map(str, megatron_core_version()))
+        raise ValueError(
+            f"megatron-core {version}: {getattr(fn, '__qualname__', fn)} does not accept "
+            f"{', '.join(dropped)}"
+        )
     return {k: v for k, v in kwargs.items() if k in params}

@@ -52,16 +52,6 @@ def run_schedule(
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    def forward_step(data_iterator: Iterator, model_chunk: Any) -> tuple[torch.Tensor, Callable]:
-        batch = next(data_iterator)
-        output = model_forward(model_chunk, batch)
-
-        def loss_func(nll: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
-            loss, logs = loss_fn(batch, nll)
-            return loss, torch.tensor(1, dtype=torch.int), logs
-
-        return output, loss_func
-
     b, s = batches[0]["input_ids"].shape
     for mb in batches:
         if tuple(mb["input_ids"].shape) != (b, s):
@@ -70,7 +60,7 @@ def run_schedule(
     config.calculate_per_token_loss = True
     fb = get_forward_backward_func()
     return fb(
-        forward_step_func=forward_step,
+        forward_step_func=make_forward_step(loss_fn),
         data_iterator=iter(batches),
         model=[model],
         num_microbatches=len(batches),
@@ -78,6 +68,37 @@ def run_schedule(
         micro_batch_size=b,
         forward_only=forward_only,
     )
+
+
+def make_forward_step(
+    loss_fn: Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict]],
+) -> Callable[[Iterator, Any], tuple[torch.Tensor, Callable]]:
+    """The schedule's `forward_step`: the next micro-batch, moved to the model's device (the
+    one place where batches leave the CPU), through the model; `loss_fn` sees it there too."""
+
+    def forward_step(data_iterator: Iterator, model_chunk: Any) -> tuple[torch.Tensor, Callable]:
+        batch = to_device(next(data_iterator))
+        output = model_forward(model_chunk, batch)
+
+        def loss_func(nll: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+            loss, logs = loss_fn(batch, nll)
+            return loss, torch.tensor(1, dtype=torch.int), logs
+
+        return output, loss_func
+
+    return forward_step
+
+
+def to_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every tensor of a micro-batch on the model's device (CPU tensors pinned and copied
+    without blocking on CUDA; the model's first kernel orders after the copies)."""
+    dev = _device()
+    if dev.type != "cuda":
+        return {k: v.to(dev) for k, v in batch.items()}
+    return {
+        k: (v.pin_memory() if v.device.type == "cpu" else v).to(dev, non_blocking=True)
+        for k, v in batch.items()
+    }
 
 
 def _unwrap(model: Any) -> Any:

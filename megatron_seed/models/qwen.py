@@ -188,7 +188,19 @@ def transformer_config(
     if recompute not in RECOMPUTE:
         raise ModelConfigError(f"recompute must be one of {list(RECOMPUTE)}, got {recompute!r}")
     kwargs.update(RECOMPUTE[recompute])
-    return TransformerConfig(**filter_kwargs(TransformerConfig.__init__, kwargs))
+    # fusions that are off may be missing from a megatron-core release; anything else may not
+    off = frozenset(k for k in OPTIONAL_SWITCHES if not kwargs[k])
+    return TransformerConfig(**filter_kwargs(TransformerConfig.__init__, kwargs, off))
+
+
+OPTIONAL_SWITCHES = (
+    "bias_dropout_fusion",
+    "masked_softmax_fusion",
+    "apply_rope_fusion",
+    "persist_layer_norm",
+    "gradient_accumulation_fusion",
+    "batch_p2p_sync",
+)
 
 
 def layer_spec(spec: QwenSpec, use_te: bool, core_attention: type | None = None) -> Any:

@@ -6,7 +6,8 @@ another TP/PP layout), trainer state as JSON, RNG states per rank.
     model/                  dist-checkpoint of the policy
     optimizer/              dist-checkpoint of Adam's state (+ its step counts)
     trainer_state.json      step, data position, layout, extra
-    rng/rank_00003.pt       torch/python/numpy RNG of each rank (restored on the same layout)
+    rng/rank_00003.pt       torch/python/numpy RNG of each rank, and on CUDA the device RNG and
+                            Megatron's CUDA RNG tracker (restored on the same layout)
   DIR/latest               the name of the newest *complete* checkpoint
 
 A checkpoint is written to `step_X.tmp` and renamed when every rank has finished, so a
@@ -20,6 +21,7 @@ import random
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,14 +75,7 @@ def save_checkpoint(
     save_model(trainer.model.module, tmp, hf_config=hf_config, tokenizer_from=tokenizer_dir)
     model_sd = trainer.model.module.sharded_state_dict(prefix="")
     dist_checkpointing.save(trainer.optimizer.sharded_state_dict(model_sd), str(tmp / "optimizer"))
-    torch.save(
-        {
-            "torch": torch.get_rng_state(),
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),
-        },
-        tmp / "rng" / f"rank_{_rank():05d}.pt",
-    )
+    torch.save(rng_states(), tmp / "rng" / f"rank_{_rank():05d}.pt")
     _barrier()
     if _rank() == 0:
         state = {
@@ -96,6 +91,42 @@ def save_checkpoint(
         (root / "latest").write_text(name + "\n")
     _barrier()
     return final
+
+
+def rng_states() -> dict[str, Any]:
+    """This rank's RNG: CPU torch, Python, numpy, and on CUDA the device generators and
+    Megatron's model-parallel CUDA RNG tracker (dropout, init); those two are None on CPU."""
+    cuda, tracker = None, None
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        cuda = torch.cuda.get_rng_state_all()
+        tracker = tensor_parallel.get_cuda_rng_tracker().get_states()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cuda": cuda,
+        "cuda_tracker": tracker,
+    }
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    """Put back what `rng_states` saved (CUDA parts only where saved and CUDA is here)."""
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        if rng.get("cuda") is not None:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        if rng.get("cuda_tracker") is not None:
+            tensor_parallel.get_cuda_rng_tracker().set_states(rng["cuda_tracker"])
+    elif rng.get("cuda") is not None:
+        warnings.warn(
+            "checkpoint has CUDA RNG state but CUDA is absent: not restored", stacklevel=2
+        )
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -128,10 +159,7 @@ def load_checkpoint(trainer: SeedTrainer, path: str | Path, load_optimizer: bool
     trainer.state = TrainerState(state["step"], state["data_position"], state.get("extra", {}))
     rng_file = path / "rng" / f"rank_{_rank():05d}.pt"
     if state["layout"] == _layout() and rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        restore_rng(torch.load(rng_file, weights_only=False))
     elif _rank() == 0:
         warnings.warn(
             f"checkpoint layout {state['layout']} differs from {_layout()}: RNG not restored",

@@ -104,6 +104,12 @@ def test_checkpoint_at_tp2_resumes_at_tp1(tiny, tmp_path):
     hf, tok = tiny
     cfg = dataclasses.replace(CFG, optim=dataclasses.replace(CFG.optim, mini_batches_per_update=1))
     full = spawn(workers.run_with_checkpoints, 2, hf, tok, 2, 1, cfg, 4, 2, str(tmp_path), False)[0]
+    for rank in (0, 1):  # every rank's RNG file has the CUDA slots (None: written on a CPU)
+        rng = torch.load(
+            tmp_path / "step_000002" / "rng" / f"rank_{rank:05d}.pt", weights_only=False
+        )
+        assert {"torch", "python", "numpy", "cuda", "cuda_tracker"} <= set(rng)
+        assert rng["cuda"] is None and rng["cuda_tracker"] is None
     resumed = spawn(
         workers.run_with_checkpoints, 1, hf, tok, 1, 1, cfg, 4, -1, str(tmp_path), True
     )[0]

@@ -1,0 +1,86 @@
+"""What the first GPU run needs, checked on the CPU: batches reach the model on its device,
+no TransformerConfig field is dropped silently, and checkpoints carry the CUDA RNG slots."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from megatron_seed.models import logprobs
+from megatron_seed.models.compat import filter_kwargs
+from megatron_seed.train.checkpoint import restore_rng, rng_states
+
+SENTINEL = torch.device("meta")  # a device no CPU tensor is on
+
+
+class _RecordingModel:
+    """Stands in for a GPTModel chunk: records the devices of what it is given."""
+
+    def __init__(self) -> None:
+        self.devices: list[torch.device] = []
+
+    def __call__(self, input_ids, position_ids, attention_mask, labels):
+        self.devices += [input_ids.device, position_ids.device, labels.device]
+        return torch.zeros(input_ids.shape, device=input_ids.device)  # nll [b, s]
+
+
+def test_every_batch_tensor_reaches_the_model_and_the_loss_on_the_model_device(monkeypatch):
+    monkeypatch.setattr(logprobs, "_device", lambda: SENTINEL)
+    seen = []
+
+    def loss_fn(batch, nll):
+        seen.extend(t.device for t in batch.values())
+        return nll.sum(), {}
+
+    ids = torch.tensor([[3, 4, 5, 6]])  # [1, 4], on the CPU as collate builds it
+    batch = {
+        "input_ids": ids,
+        "labels": logprobs.shifted_labels(ids),
+        "mask": torch.ones(1, 4, dtype=torch.bool),
+        "old": torch.zeros(1, 4),
+    }
+    model = _RecordingModel()
+    output, loss_func = logprobs.make_forward_step(loss_fn)(iter([batch]), model)
+    loss_func(output)
+    assert model.devices and all(d == SENTINEL for d in model.devices), model.devices
+    assert seen and all(d == SENTINEL for d in seen), seen
+
+
+def test_a_dropped_config_field_is_an_error_unless_it_is_an_off_switch():
+    def old_config(num_layers: int = 1, bf16: bool = False, bias_dropout_fusion: bool = False):
+        return None
+
+    kwargs = {"num_layers": 2, "bf16": True, "fp8_recipe": "tensorwise", "apply_rope_fusion": False}
+    with pytest.raises(ValueError, match="does not accept fp8_recipe"):
+        filter_kwargs(old_config, kwargs, frozenset({"apply_rope_fusion"}))
+    del kwargs["fp8_recipe"]
+    kept = filter_kwargs(old_config, kwargs, frozenset({"apply_rope_fusion"}))
+    assert kept == {"num_layers": 2, "bf16": True}
+
+
+def test_the_transformer_config_builds_with_nothing_dropped():
+    from megatron_seed.models.qwen import QwenSpec, transformer_config
+
+    spec = QwenSpec(
+        model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-6,
+        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=512, qkv_bias=True,
+        qk_norm=False,
+    )  # fmt: skip
+    config = transformer_config(spec, precision="bf16", recompute="full")
+    assert config.bf16 and config.recompute_granularity == "full"
+
+
+def test_rng_states_carry_cuda_slots_and_restore_on_cpu():
+    state = rng_states()
+    assert state["cuda"] is None and state["cuda_tracker"] is None  # no CUDA here
+    first = (torch.rand(3), random.random(), np.random.rand())
+    restore_rng(state)
+    again = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
+    old_format = {k: state[k] for k in ("torch", "python", "numpy")}  # written before CUDA slots
+    restore_rng(old_format)
+    assert torch.equal(torch.rand(3), first[0])
