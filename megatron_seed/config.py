@@ -88,6 +88,10 @@ class ParallelConfig(_Checked):
     # activation recompute: "full" keeps only each layer's input (recomputes the layer in
     # backward), "selective" recomputes core attention, "none" keeps everything
     recompute: Literal["none", "selective", "full"] = "none"
+    # where the trainer runs, decided once at start-up: "cuda" fails at once when CUDA is
+    # unusable (a GPU job never falls back to slow CPU training), "cpu" when CUDA is visible,
+    # "auto" takes CUDA when it is there (the GPU recipes say "cuda")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 @dataclass(frozen=True)

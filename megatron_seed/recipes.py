@@ -85,8 +85,8 @@ class Recipe:
 
 
 # what the GPU recipes' trainer runs (and the memory estimate assumes): Adam state sharded
-# over DP, full activation recompute
-GPU_TRAINER = {"distributed_optimizer": True, "recompute": "full"}
+# over DP, full activation recompute, on CUDA or not at all
+GPU_TRAINER = {"distributed_optimizer": True, "recompute": "full", "device": "cuda"}
 
 
 def _parallel(**changes: object) -> SeedConfig:

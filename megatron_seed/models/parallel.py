@@ -24,11 +24,42 @@ import torch.multiprocessing as mp
 from megatron_seed.models.compat import enable_cpu_mode, model_parallel_seed
 
 
-def init_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:
-    """Initialise torch.distributed (if needed) and Megatron's TP/PP/DP groups."""
+class DeviceError(RuntimeError):
+    """The requested device is not what this machine offers; one line."""
+
+
+def resolve_device(requested: str = "auto") -> str:
+    """The device plan: "cuda" or "cpu", decided once (`ParallelConfig.device`).
+
+    "cuda" when CUDA is unusable and "cpu" when it is visible are errors, never a silent
+    switch (a GPU job must not train at CPU speed because of a driver or
+    CUDA_VISIBLE_DEVICES problem)."""
+    available = torch.cuda.is_available()
+    if requested == "auto":
+        return "cuda" if available else "cpu"
+    if requested == "cuda" and not available:
+        build = torch.version.cuda or "none (a CPU build of torch)"
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        raise DeviceError(
+            f"parallel.device is 'cuda' but CUDA is unusable here (torch CUDA build: {build}; "
+            f"CUDA_VISIBLE_DEVICES={visible!r}; devices seen: {torch.cuda.device_count()})"
+        )
+    if requested == "cpu" and available:
+        raise DeviceError(
+            "parallel.device is 'cpu' but CUDA is visible: run with CUDA_VISIBLE_DEVICES= "
+            "to train on the CPU"
+        )
+    if requested not in ("cuda", "cpu"):
+        raise DeviceError(f"parallel.device must be auto, cpu or cuda, got {requested!r}")
+    return requested
+
+
+def init_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, device: str = "auto") -> None:
+    """Initialise torch.distributed (if needed) and Megatron's TP/PP/DP groups on the
+    device `resolve_device(device)` plans."""
     from megatron.core import parallel_state as ps
 
-    on_gpu = torch.cuda.is_available()
+    on_gpu = resolve_device(device) == "cuda"
     if not on_gpu:
         enable_cpu_mode()
     if not dist.is_initialized():

@@ -106,7 +106,13 @@ def build_job(args: argparse.Namespace):
     cfg = build_config(args)
     import torch
 
+    from megatron_seed.models.parallel import DeviceError, resolve_device
     from megatron_seed.train.trainer import DIST_OPT_ON_CPU
+
+    try:
+        resolve_device(cfg.parallel.device)
+    except DeviceError as err:
+        raise CommandError(str(err)) from None
 
     if cfg.parallel.distributed_optimizer and not torch.cuda.is_available():
         raise CommandError(DIST_OPT_ON_CPU)

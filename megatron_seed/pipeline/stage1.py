@@ -62,7 +62,7 @@ def _sft_worker(
     from megatron_seed.train.checkpoint import save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
-    init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed)
+    init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     trainer = SeedTrainer(cfg, model_dir, reference=False)
     trainer.set_lr(cfg.sft_lr)

@@ -397,7 +397,7 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     from megatron_seed.train.trainer import SeedTrainer
 
     cfg, out = job.cfg, Path(job.out_dir)
-    init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed)
+    init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device)
     where = f"trainer rank {_rank()}/{dist.get_world_size()} on node {node_name()}"
     print(where, flush=True)
     if _rank() == 0:

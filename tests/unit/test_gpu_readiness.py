@@ -84,3 +84,32 @@ def test_rng_states_carry_cuda_slots_and_restore_on_cpu():
     old_format = {k: state[k] for k in ("torch", "python", "numpy")}  # written before CUDA slots
     restore_rng(old_format)
     assert torch.equal(torch.rand(3), first[0])
+
+
+def test_the_device_plan_fails_fast_instead_of_falling_back(monkeypatch):
+    from megatron_seed import recipes
+    from megatron_seed.config import SeedConfig
+    from megatron_seed.models.parallel import DeviceError, resolve_device
+
+    assert resolve_device("auto") == resolve_device("cpu") == "cpu"  # this machine: no CUDA
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(DeviceError, match=r"CUDA is unusable.*CUDA_VISIBLE_DEVICES=''"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == resolve_device("cuda") == "cuda"
+    with pytest.raises(DeviceError, match="CUDA is visible"):
+        resolve_device("cpu")
+    assert recipes.get("qwen2.5-7b").config.parallel.device == "cuda"  # GPU recipes insist
+    assert recipes.get("tiny").config.parallel.device == "auto"
+    with pytest.raises(ValueError, match="device"):
+        SeedConfig().with_changes({"parallel": {"device": "tpu"}})
+
+
+def test_seed_train_asked_for_cuda_on_a_cpu_machine_is_one_line(tmp_path, capsys):
+    from megatron_seed import cli
+
+    argv = ["train", "--model", str(tmp_path), "--games", str(tmp_path), "--out", str(tmp_path)]
+    argv += ["--config-json", '{"parallel": {"device": "cuda"}}']
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "parallel.device is 'cuda' but CUDA is unusable" in err[0]
