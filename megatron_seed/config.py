@@ -80,8 +80,8 @@ class ParallelConfig(_Checked):
     pp: int = _range(1, 1)
     # GPU only: "bf16" or "fp32"; CPU always runs float32.
     precision: Literal["fp32", "bf16"] = "bf16"
-    # GPU only, needs Transformer Engine: None, "delayed", "tensorwise", "mxfp8", "blockwise".
-    fp8_recipe: str | None = None
+    # GPU only, needs Transformer Engine (megatron_seed/models/fp8.py: what each needs)
+    fp8_recipe: Literal[None, "delayed", "tensorwise", "mxfp8", "blockwise"] = None
     # GPU only: Megatron's distributed optimizer (fp32 master weights and Adam state sharded
     # over DP; it refuses CPU tensors). The launcher's memory estimate reads it too.
     distributed_optimizer: bool = False

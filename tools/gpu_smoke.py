@@ -135,7 +135,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from megatron_seed.models.parallel import init_parallel
-    from megatron_seed.models.qwen import QwenSpec, _te_available, build_gpt_model
+    from megatron_seed.models.qwen import QwenSpec, build_gpt_model, te_available
 
     if not torch.cuda.is_available() and not args.cpu_tiny:
         print("no CUDA GPU here; use --cpu-tiny for a dry run", file=sys.stderr)
@@ -151,7 +151,7 @@ def main() -> int:
     )
     spec = QwenSpec.from_hf_config(TINY if args.cpu_tiny else QWEN25_1_5B)
     precision = "bf16" if device.type == "cuda" else "fp32"
-    te = _te_available() and device.type == "cuda"
+    te = te_available() and device.type == "cuda"
     results: dict = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -57,6 +57,7 @@ def run_schedule(
         if tuple(mb["input_ids"].shape) != (b, s):
             raise ValueError("all micro-batches must share one shape (pad them first)")
     config = _unwrap(model).config
+    check_seq_multiple(getattr(config, "fp8_recipe", None) if config.fp8 else None, s)
     config.calculate_per_token_loss = True
     fb = get_forward_backward_func()
     return fb(
@@ -68,6 +69,18 @@ def run_schedule(
         micro_batch_size=b,
         forward_only=forward_only,
     )
+
+
+def check_seq_multiple(fp8_recipe: str | None, s: int) -> None:
+    """`ValueError` unless `s` tokens per micro-batch suit the FP8 recipe's GEMMs."""
+    from megatron_seed.models.fp8 import seq_multiple
+
+    block = seq_multiple(fp8_recipe)
+    if s % block:
+        raise ValueError(
+            f"FP8 ({fp8_recipe}) needs micro-batches of a multiple of {block} tokens, got {s}: "
+            "collate with pad_to_multiple_of=models.fp8.seq_multiple(recipe)"
+        )
 
 
 def make_forward_step(

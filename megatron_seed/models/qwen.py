@@ -246,7 +246,7 @@ def build_gpt_model(
     pp = ps.get_pipeline_model_parallel_world_size()
     spec.check_layout(tp, pp)
     if use_te is None:
-        use_te = torch.cuda.is_available() and _te_available()
+        use_te = torch.cuda.is_available() and te_available()
     if fp8_recipe and not use_te:
         raise ModelConfigError("FP8 needs Transformer Engine on a GPU")
     config = transformer_config(spec, tp, pp, precision, fp8_recipe, recompute)
@@ -267,7 +267,8 @@ def build_gpt_model(
     return model
 
 
-def _te_available() -> bool:
+def te_available() -> bool:
+    """Whether Transformer Engine imports here."""
     try:
         import transformer_engine  # noqa: F401
     except Exception:

@@ -70,13 +70,16 @@ def _sft_worker(
         sft_sequence(tokenizer, r, cfg.skill.analyzer_layout, cfg.skill.min_words) for r in records
     ]
     rng = random.Random(cfg.seed)
+    from megatron_seed.models.fp8 import seq_multiple
+
     pad = tokenizer.pad_token_id or 0
     curve = []
     for epoch in range(cfg.sft_epochs):
         order = list(range(len(seqs)))
         rng.shuffle(order)
         for start in range(0, len(order), cfg.sft_batch_size):
-            batch = collate([seqs[i] for i in order[start : start + cfg.sft_batch_size]], pad)
+            rows = [seqs[i] for i in order[start : start + cfg.sft_batch_size]]
+            batch = collate(rows, pad, seq_multiple(cfg.parallel.fp8_recipe))
             m = trainer.nll_step(batch)
             curve.append({"epoch": epoch, "nll": m["nll"], "tokens": m["tokens"]})
     hf_config = json.loads((Path(model_dir) / "config.json").read_text())

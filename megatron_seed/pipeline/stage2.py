@@ -258,8 +258,15 @@ def train(run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
     from megatron_seed.train.batch import build_policy_batch
 
     cfg = run.cfg
+    from megatron_seed.models.fp8 import seq_multiple
+
     pb = build_policy_batch(
-        records, run.tokenizer, cfg.skill.insert_at, cfg.algo.use_opd, cfg.algo.adv_eps
+        records,
+        run.tokenizer,
+        cfg.skill.insert_at,
+        cfg.algo.use_opd,
+        cfg.algo.adv_eps,
+        pad_to_multiple_of=seq_multiple(cfg.parallel.fp8_recipe),
     )
     metrics = {f"train/{k}": v for k, v in run.trainer.train_step(pb).items()}
     run.trainer.state.data_position += cfg.rollout.tasks_per_update
@@ -427,11 +434,14 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
 def _probe(cfg: SeedConfig, tokenizer: Any) -> Any:
     """The fixed refit probe ([1, n] TokenBatch), or None when the probe is off."""
     from megatron_seed.data import TokenSequence, collate
+    from megatron_seed.models.fp8 import seq_multiple
     from megatron_seed.rollout.refit import probe_ids
 
     n = cfg.fleet.refit_probe_tokens
     if not n:
         return None
+    block = seq_multiple(cfg.parallel.fp8_recipe)
+    n = -(-n // block) * block  # an FP8 trainer scores whole blocks
     ids = probe_ids(len(tokenizer), set(tokenizer.all_special_ids), n, cfg.seed)
     return collate([TokenSequence(ids, [False] * n, [0.0] * n, [0] * n)], 0)
 

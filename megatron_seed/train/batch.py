@@ -34,8 +34,10 @@ def build_policy_batch(
     skill_insert_at: str = "task_line",
     with_teacher: bool = True,
     adv_eps: float = 1e-6,
+    pad_to_multiple_of: int = 1,
 ) -> PolicyBatch:
-    """Advantages per record (GRPO groups), then student/teacher sequences per record."""
+    """Advantages per record (GRPO groups), then student/teacher sequences per record, each
+    batch padded to a multiple of `pad_to_multiple_of` tokens (`models.fp8.seq_multiple`)."""
     usable = [r for r in records if r.status.trainable and r.turns]
     if not usable:
         raise ValueError("no trainable trajectories in this batch")
@@ -52,8 +54,9 @@ def build_policy_batch(
             index.append(i)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return PolicyBatch(
-        student=collate(students, pad),
-        teacher=collate(teachers, pad) if teachers else None,
+        # student and teacher alike: FP8 GEMMs need the token count a multiple of the block
+        student=collate(students, pad, pad_to_multiple_of),
+        teacher=collate(teachers, pad, pad_to_multiple_of) if teachers else None,
         has_teacher=torch.tensor(has_teacher, dtype=torch.bool),
         advantages=torch.tensor(row_adv, dtype=torch.float32),
         record_index=torch.tensor(index, dtype=torch.long),

@@ -96,6 +96,13 @@ class SeedTrainer:
         par = cfg.parallel
         if par.distributed_optimizer and not torch.cuda.is_available():
             raise ValueError(DIST_OPT_ON_CPU)
+        if par.fp8_recipe:
+            from megatron_seed.models.fp8 import check_fp8_support
+            from megatron_seed.models.qwen import te_available
+
+            on_gpu = torch.cuda.is_available()
+            capability = torch.cuda.get_device_capability() if on_gpu else None
+            check_fp8_support(par.fp8_recipe, capability, on_gpu and te_available())
         precision = par.precision if torch.cuda.is_available() else "fp32"
         self.precision = precision
         model = build_gpt_model(
@@ -137,7 +144,10 @@ class SeedTrainer:
             group["lr"] = o.lr
         self.ref_model = None
         if reference:  # SFT needs none; RL needs it when beta_kl != 0
-            self.ref_model = build_gpt_model(self.spec, precision=precision)
+            # the policy's precision, FP8 included: the KL term starts at zero
+            self.ref_model = build_gpt_model(
+                self.spec, precision=precision, fp8_recipe=par.fp8_recipe
+            )
             load_hf_weights(self.ref_model, HFCheckpoint(ref_hf_dir or hf_dir))
             self.ref_model.requires_grad_(False)
         self.state = TrainerState()

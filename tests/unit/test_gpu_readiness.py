@@ -113,3 +113,52 @@ def test_seed_train_asked_for_cuda_on_a_cpu_machine_is_one_line(tmp_path, capsys
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "parallel.device is 'cuda' but CUDA is unusable" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "block"),
+    [(None, 1), ("delayed", 16), ("tensorwise", 16), ("mxfp8", 32), ("blockwise", 128)],
+)
+def test_fp8_pads_student_and_teacher_batches_to_the_recipe_block(recipe, block, tiny_tokenizer):
+    from megatron_seed.models.fp8 import seq_multiple
+    from megatron_seed.testbed.synthetic import synthetic_records
+    from megatron_seed.train.batch import build_policy_batch
+
+    assert seq_multiple(recipe) == block
+    records = synthetic_records(
+        tiny_tokenizer, groups=2, group_size=2, turns=2, valid_skill_every=1
+    )
+    pb = build_policy_batch(records, tiny_tokenizer, pad_to_multiple_of=block)
+    plain = build_policy_batch(records, tiny_tokenizer)
+    assert pb.teacher is not None
+    for padded, base in ((pb.student, plain.student), (pb.teacher, plain.teacher)):
+        s, s0 = padded.input_ids.shape[1], base.input_ids.shape[1]
+        assert s % block == 0 and s0 <= s < s0 + block
+        assert torch.equal(padded.loss_mask[:, :s0], base.loss_mask)  # padding adds no loss token
+        assert not padded.loss_mask[:, s0:].any()
+
+
+def test_the_schedule_refuses_fp8_micro_batches_off_the_block():
+    logprobs.check_seq_multiple(None, 37)
+    logprobs.check_seq_multiple("tensorwise", 64)
+    with pytest.raises(ValueError, match="multiple of 32 tokens, got 48"):
+        logprobs.check_seq_multiple("mxfp8", 48)
+
+
+def test_fp8_recipes_are_checked_against_the_gpu_and_te():
+    from megatron_seed.config import SeedConfig
+    from megatron_seed.models.fp8 import check_fp8_support
+
+    check_fp8_support(None, None, False)
+    check_fp8_support("tensorwise", (9, 0), True)  # H100/H200
+    check_fp8_support("blockwise", (9, 0), True)
+    with pytest.raises(ValueError, match=r"mxfp8.*10\.0\+.*Blackwell.*this GPU is 9\.0"):
+        check_fp8_support("mxfp8", (9, 0), True)
+    with pytest.raises(ValueError, match=r"8\.9\+"):
+        check_fp8_support("delayed", (8, 0), True)  # A100: no FP8
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        check_fp8_support("tensorwise", None, False)
+    with pytest.raises(ValueError, match="needs Transformer Engine"):
+        check_fp8_support("tensorwise", (9, 0), False)
+    with pytest.raises(ValueError, match="fp8_recipe"):
+        SeedConfig().with_changes({"parallel": {"fp8_recipe": "fp4"}})
