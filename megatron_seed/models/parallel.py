@@ -60,7 +60,11 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, device: str = "aut
     from megatron.core import parallel_state as ps
 
     on_gpu = resolve_device(device) == "cuda"
-    if not on_gpu:
+    if on_gpu:
+        # one hardware queue per device, before the CUDA context exists: Megatron's TP
+        # communication overlap needs kernels to start in issue order
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    else:
         enable_cpu_mode()
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -144,8 +144,10 @@ def transformer_config(
     precision: str = "fp32",
     fp8_recipe: str | None = None,
     recompute: str = "none",
+    initialize: bool = True,
 ) -> Any:
-    """The megatron-core `TransformerConfig` for `spec` (`recompute`: a `RECOMPUTE` key)."""
+    """The megatron-core `TransformerConfig` for `spec` (`recompute`: a `RECOMPUTE` key;
+    `initialize=False` skips random initialisation, for weights loaded right after)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_seed.models.compat import filter_kwargs
@@ -182,6 +184,7 @@ def transformer_config(
         use_cpu_initialization=not torch.cuda.is_available(),
         batch_p2p_sync=torch.cuda.is_available(),
         init_method_std=0.02,
+        perform_initialization=initialize,
     )
     if fp8_recipe:
         kwargs.update(fp8="hybrid", fp8_recipe=fp8_recipe)
@@ -232,12 +235,14 @@ def build_gpt_model(
     use_te: bool | None = None,
     core_attention: type | None = None,
     recompute: str = "none",
+    initialize: bool = True,
 ) -> Any:
     """This process's stage of the model for the initialised Megatron process groups.
 
     `use_te` defaults to "CUDA is available and Transformer Engine imports";
     `core_attention` overrides the local spec's (`layer_spec`); `recompute`: activation
-    recompute in backward (`RECOMPUTE`).
+    recompute in backward (`RECOMPUTE`); `initialize=False`: no random init (every weight is
+    about to be loaded).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -249,7 +254,7 @@ def build_gpt_model(
         use_te = torch.cuda.is_available() and te_available()
     if fp8_recipe and not use_te:
         raise ModelConfigError("FP8 needs Transformer Engine on a GPU")
-    config = transformer_config(spec, tp, pp, precision, fp8_recipe, recompute)
+    config = transformer_config(spec, tp, pp, precision, fp8_recipe, recompute, initialize)
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(spec, use_te, core_attention),

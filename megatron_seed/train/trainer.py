@@ -105,8 +105,13 @@ class SeedTrainer:
             check_fp8_support(par.fp8_recipe, capability, on_gpu and te_available())
         precision = par.precision if torch.cuda.is_available() else "fp32"
         self.precision = precision
+        # no random init: load_hf_weights writes every tensor of the state dict
         model = build_gpt_model(
-            self.spec, precision=precision, fp8_recipe=par.fp8_recipe, recompute=par.recompute
+            self.spec,
+            precision=precision,
+            fp8_recipe=par.fp8_recipe,
+            recompute=par.recompute,
+            initialize=False,
         )
         load_hf_weights(model, ckpt)
         ddp_config = DistributedDataParallelConfig(
@@ -146,7 +151,7 @@ class SeedTrainer:
         if reference:  # SFT needs none; RL needs it when beta_kl != 0
             # the policy's precision, FP8 included: the KL term starts at zero
             self.ref_model = build_gpt_model(
-                self.spec, precision=precision, fp8_recipe=par.fp8_recipe
+                self.spec, precision=precision, fp8_recipe=par.fp8_recipe, initialize=False
             )
             load_hf_weights(self.ref_model, HFCheckpoint(ref_hf_dir or hf_dir))
             self.ref_model.requires_grad_(False)

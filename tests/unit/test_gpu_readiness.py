@@ -162,3 +162,35 @@ def test_fp8_recipes_are_checked_against_the_gpu_and_te():
         check_fp8_support("tensorwise", (9, 0), False)
     with pytest.raises(ValueError, match="fp8_recipe"):
         SeedConfig().with_changes({"parallel": {"fp8_recipe": "fp4"}})
+
+
+def test_loaded_models_skip_random_init_and_gpu_ranks_get_one_cuda_queue(monkeypatch):
+    from megatron_seed.models import parallel
+    from megatron_seed.models.qwen import QwenSpec, transformer_config
+
+    spec = QwenSpec(
+        model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-6,
+        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=512, qkv_bias=True,
+        qk_norm=False,
+    )  # fmt: skip
+    assert transformer_config(spec).perform_initialization
+    assert not transformer_config(spec, initialize=False).perform_initialization
+    # init_parallel on a CUDA plan sets CUDA_DEVICE_MAX_CONNECTIONS before any CUDA call
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29999"), ("RANK", "0")):
+        monkeypatch.setenv(key, value)  # restored afterwards, whatever init_parallel sets
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(parallel, "resolve_device", lambda _d: "cuda")
+
+    class Stop(Exception):
+        pass
+
+    def first_cuda_call(*_a):
+        assert parallel.os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+        raise Stop
+
+    monkeypatch.setattr(parallel.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "set_device", first_cuda_call)
+    with pytest.raises(Stop):
+        parallel.init_parallel(1, 1, device="cuda")
