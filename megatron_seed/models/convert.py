@@ -103,16 +103,31 @@ class HFCheckpoint:
         """Read one tensor."""
         return self._handle(name).get_tensor(name)
 
+    def get_part(self, name: str, dim: int, part: int, parts: int) -> torch.Tensor:
+        """`get(name).chunk(parts, dim)[part]`, reading only that part from the file (a TP
+        rank of a 72B model reads its 1/TP of each tensor, not all of it)."""
+        if parts == 1:
+            return self.get(name)
+        piece = self._handle(name).get_slice(name)
+        shape = piece.get_shape()
+        if shape[dim] % parts:  # uneven: torch.chunk's rounding, from the whole tensor
+            return self.get(name).chunk(parts, dim=dim)[part]
+        size = shape[dim] // parts
+        index = [slice(None)] * len(shape)
+        index[dim] = slice(part * size, (part + 1) * size)
+        return piece[tuple(index)]
+
 
 # ------------------------------------------------------------------ QKV and gate/up layouts
 
 
 def interleave_qkv(
-    spec: QwenSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    spec: QwenSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int | None = None
 ) -> torch.Tensor:
-    """HF q/k/v (weights [n*d, h] or biases [n*d]) -> Megatron's per-group interleaved QKV."""
-    g, d = spec.num_kv_heads, spec.head_dim
-    per = spec.num_heads // g
+    """HF q/k/v (weights [n*d, h] or biases [n*d]) -> Megatron's per-group interleaved QKV.
+    `groups`: the KV groups q/k/v hold (default all; a TP rank's share of them)."""
+    g, d = groups or spec.num_kv_heads, spec.head_dim
+    per = spec.num_heads // spec.num_kv_heads  # query heads per KV group
     tail = q.shape[1:]
     q = q.reshape(g, per * d, *tail)
     k = k.reshape(g, d, *tail)
@@ -144,13 +159,14 @@ def _hf_layer(i: int, suffix: str) -> str:
 def hf_tensor_for(
     name: str, ckpt: HFCheckpoint, tp_rank: int, tp: int, layer_offset: int
 ) -> torch.Tensor:
-    """The shard of Megatron parameter `name` (local to this stage) for TP rank `tp_rank`."""
+    """The shard of Megatron parameter `name` (local to this stage) for TP rank `tp_rank`;
+    only that shard is read from the checkpoint."""
     spec = ckpt.spec
     if name == "embedding.word_embeddings.weight":
-        return ckpt.get("model.embed_tokens.weight").chunk(tp, dim=0)[tp_rank]
+        return ckpt.get_part("model.embed_tokens.weight", 0, tp_rank, tp)
     if name == "output_layer.weight":
         src = "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
-        return ckpt.get(src).chunk(tp, dim=0)[tp_rank]
+        return ckpt.get_part(src, 0, tp_rank, tp)
     if name == "decoder.final_layernorm.weight":
         return ckpt.get("model.norm.weight")
     match = _LAYER.match(name)
@@ -158,17 +174,20 @@ def hf_tensor_for(
         raise KeyError(f"no HF mapping for Megatron parameter {name!r}")
     i, suffix = layer_offset + int(match.group(1)), match.group(2)
     if suffix in _LAYER_PLAIN:
-        full = ckpt.get(_hf_layer(i, _LAYER_PLAIN[suffix]))
+        hf = _hf_layer(i, _LAYER_PLAIN[suffix])
         if suffix in _SPLIT_COLUMNS:
-            return full.chunk(tp, dim=1)[tp_rank]
-        return full
+            return ckpt.get_part(hf, 1, tp_rank, tp)
+        return ckpt.get(hf)
     if suffix in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+        # rank r holds KV groups [r g/tp, (r+1) g/tp): the same row chunk of q, k and v
         kind = suffix.rsplit(".", 1)[1]
-        q, k, v = (ckpt.get(_hf_layer(i, f"self_attn.{p}_proj.{kind}")) for p in "qkv")
-        return interleave_qkv(spec, q, k, v).chunk(tp, dim=0)[tp_rank]
+        q, k, v = (
+            ckpt.get_part(_hf_layer(i, f"self_attn.{p}_proj.{kind}"), 0, tp_rank, tp) for p in "qkv"
+        )
+        return interleave_qkv(spec, q, k, v, groups=spec.num_kv_heads // tp)
     if suffix == "mlp.linear_fc1.weight":
-        gate = ckpt.get(_hf_layer(i, "mlp.gate_proj.weight")).chunk(tp, dim=0)[tp_rank]
-        up = ckpt.get(_hf_layer(i, "mlp.up_proj.weight")).chunk(tp, dim=0)[tp_rank]
+        gate = ckpt.get_part(_hf_layer(i, "mlp.gate_proj.weight"), 0, tp_rank, tp)
+        up = ckpt.get_part(_hf_layer(i, "mlp.up_proj.weight"), 0, tp_rank, tp)
         return torch.cat([gate, up], dim=0)
     raise KeyError(f"no HF mapping for Megatron parameter {name!r}")
 

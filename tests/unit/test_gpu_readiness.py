@@ -194,3 +194,33 @@ def test_loaded_models_skip_random_init_and_gpu_ranks_get_one_cuda_queue(monkeyp
     monkeypatch.setattr(torch.cuda, "set_device", first_cuda_call)
     with pytest.raises(Stop):
         parallel.init_parallel(1, 1, device="cuda")
+
+
+def test_tp_ranks_read_only_their_shard_and_get_what_the_whole_tensor_gives(tmp_path):
+    from megatron_seed.models.convert import HFCheckpoint, hf_tensor_for, interleave_qkv
+    from megatron_seed.testbed.tiny import make_tiny_qwen
+
+    make_tiny_qwen(tmp_path)  # 6 query heads in 2 KV groups: one group per TP rank
+    ckpt = HFCheckpoint(tmp_path)
+    spec, tp = ckpt.spec, 2
+    whole = {}
+    ckpt_get = ckpt.get
+    ckpt.get = lambda name: whole.setdefault(name, ckpt_get(name))  # records full reads
+    names = [
+        "embedding.word_embeddings.weight",
+        "decoder.layers.0.self_attention.linear_qkv.weight",
+        "decoder.layers.0.self_attention.linear_qkv.bias",
+        "decoder.layers.0.self_attention.linear_proj.weight",
+        "decoder.layers.0.mlp.linear_fc1.weight",
+        "decoder.layers.0.mlp.linear_fc2.weight",
+    ]
+    shards = {(n, r): hf_tensor_for(n, ckpt, r, tp, 0) for n in names for r in range(tp)}
+    assert whole == {}  # nothing was read whole
+    layer = "model.layers.0."
+    full_qkv = interleave_qkv(spec, *(ckpt_get(f"{layer}self_attn.{p}_proj.weight") for p in "qkv"))
+    for r in range(tp):
+        assert torch.equal(shards[names[1], r], full_qkv.chunk(tp, dim=0)[r])
+        o_proj = ckpt_get(f"{layer}self_attn.o_proj.weight").chunk(tp, dim=1)[r]
+        assert torch.equal(shards[names[3], r], o_proj)
+        embed = ckpt_get("model.embed_tokens.weight").chunk(tp, dim=0)[r]
+        assert torch.equal(shards[names[0], r], embed)
