@@ -149,8 +149,6 @@ class EnvPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self._ray = ray
         self._actor_cls = ray.remote(num_cpus=worker_cpus, max_restarts=0)(EnvWorker)
-        # worker i prefers node i mod N (Ray's SPREAD packs zero-CPU actors on one node)
-        self._nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
         self._env = env
         self._max_steps = max_steps
         self.step_timeout_s = step_timeout_s
@@ -165,10 +163,14 @@ class EnvPool:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def _spawn(self, index: int) -> Any:
+        """Worker `index` on alive node `index mod N`: spread over a multi-node cluster
+        (Ray's SPREAD and soft node affinity both packed zero-CPU actors on one node);
+        a respawn picks among the nodes alive then."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        node = self._nodes[index % len(self._nodes)] if self._nodes else None
-        strategy = NodeAffinitySchedulingStrategy(node, soft=True) if node else "DEFAULT"
+        nodes = sorted(n["NodeID"] for n in self._ray.nodes() if n.get("Alive"))
+        node = nodes[index % len(nodes)] if nodes else None
+        strategy = NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT"
         return self._actor_cls.options(scheduling_strategy=strategy).remote(
             self._env, self._max_steps
         )

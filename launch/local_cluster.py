@@ -130,7 +130,9 @@ def write_config(cluster: LocalCluster) -> None:
         "AccountingStorageType=accounting_storage/none",
         "SlurmdParameters=config_overrides",
         "ReturnToService=2",  # a node that died rejoins when its slurmd registers again
-        "SlurmdTimeout=10",  # a dead node is DOWN (and its jobs NODE_FAIL) within ~10-20 s
+        # a node silent this long is DOWN and its jobs requeued: room for a busy 2-core
+        # machine's slurmd (real clusters often use 300 s)
+        "SlurmdTimeout=30",
         "InactiveLimit=0",
         "KillWait=10",
         "MinJobAge=600",  # finished jobs stay visible to scontrol for 10 minutes

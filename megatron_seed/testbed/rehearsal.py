@@ -98,8 +98,11 @@ def wait_for_update(out: Path, proc: subprocess.Popen, timeout: float = 300.0) -
     """Block until OUT/metrics.jsonl has a row (update 1 done: update 2 is running)."""
     deadline = time.monotonic() + timeout
     while not steps(out):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("update 1 never finished")
+        if proc.poll() is not None:
+            output = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"the launch ended before update 1 finished:\n{output[-4000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"update 1 did not finish within {timeout:g} s")
         time.sleep(0.5)
 
 

@@ -35,6 +35,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         down(cluster)
 
 
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(cluster: LocalCluster):
+    """A failed test must not leave its job (and its Ray on the fixed ports) running."""
+    yield
+    subprocess.run(["scancel", "--full", "--user", "root"], env=cluster.env(), check=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        queue = subprocess.run(["squeue", "-h"], env=cluster.env(), capture_output=True, text=True)
+        if not queue.stdout.strip():
+            break
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_world(tmp_path_factory.mktemp("world"))
@@ -61,11 +74,12 @@ def _assert_nothing_left(cluster: LocalCluster, job_id: str, since: float) -> No
     assert queue.stdout.strip() == ""
 
 
-def _placement(logs: str) -> tuple[set[str], list[str]]:
+def _placement(logs: str) -> tuple[set[str], list[str], list[str]]:
+    """(nodes with a trainer rank, the engines' nodes, the env workers' nodes)."""
     ranks = set(re.findall(r"trainer rank \d/2 on node (n\d)", logs))
-    fleet = re.search(r"fleet: engines on ([n\d, ]+);", logs)
+    fleet = re.search(r"fleet: engines on ([n\d, ]+); env workers on ([n\d, ]+) \(", logs)
     assert fleet, logs[-3000:]
-    return ranks, sorted(fleet.group(1).split(", "))
+    return ranks, sorted(fleet.group(1).split(", ")), sorted(fleet.group(2).split(", "))
 
 
 def test_two_node_launch_trains_and_leaves_nothing(
@@ -76,9 +90,10 @@ def test_two_node_launch_trains_and_leaves_nothing(
     assert code == 0, output[-4000:]
     assert f"job {job_id} COMPLETED" in output
     assert steps(out) == [1, 2]
-    ranks, engines = _placement(logs)
+    ranks, engines, env_workers = _placement(logs)
     assert ranks == {"n1", "n2"}  # one trainer rank on each node (DP=2)
     assert engines == ["n1", "n2"]  # one engine on each node's fleet GPU slot
+    assert env_workers == ["n1", "n2"]  # the env workers spread over the nodes
     assert (out / "checkpoints" / "step_000002").is_dir()
     assert (out / "final_hf" / "model.safetensors").is_file()
     _assert_nothing_left(cluster, job_id, since)
@@ -106,6 +121,6 @@ def test_a_lost_node_fails_fast_and_the_rerun_resumes(
     assert code == 0, output[-4000:]
     assert steps(out) == [1, 2]  # resumed after update 1: nothing duplicated, nothing missing
     assert "[update 1/2]" not in logs and "[update 2/2]" in logs
-    assert _placement(logs) == ({"n1", "n2"}, ["n1", "n2"])
+    assert _placement(logs) == ({"n1", "n2"}, ["n1", "n2"], ["n1", "n2"])
     assert (out / "final_hf" / "model.safetensors").is_file()
     _assert_nothing_left(cluster, job_id, since)
