@@ -278,45 +278,73 @@ def _gather_fc1(local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])
 
 
-def _local_stage_to_hf(model: torch.nn.Module, spec: QwenSpec) -> dict[str, torch.Tensor]:
-    """Full HF tensors for the layers held by this pipeline stage (TP gathered)."""
-    from megatron.core import parallel_state as ps
+class _LocalStageToHF:
+    """Full HF tensors of this pipeline stage's layers, built one Megatron parameter at a
+    time when asked for (TP-gathered then), so an export never holds the whole stage twice.
 
-    unwrapped = getattr(model, "module", model)
-    sd = {k: v for k, v in unwrapped.state_dict().items() if not k.endswith("_extra_state")}
-    offset = ps.get_pipeline_model_parallel_rank() * (spec.num_layers // _pp_size())
-    out: dict[str, torch.Tensor] = {}
-    for name, local in sd.items():
-        local = local.detach()
+    `sources` maps each HF name this stage holds to its Megatron parameter; a fused one (QKV,
+    gate/up) is gathered once and its parts are kept until they are asked for."""
+
+    def __init__(self, model: torch.nn.Module, spec: QwenSpec) -> None:
+        from megatron.core import parallel_state as ps
+
+        unwrapped = getattr(model, "module", model)
+        self.spec = spec
+        self.params = {
+            k: v for k, v in unwrapped.state_dict().items() if not k.endswith("_extra_state")
+        }
+        self.offset = ps.get_pipeline_model_parallel_rank() * (spec.num_layers // _pp_size())
+        self.sources: dict[str, str] = {}
+        for name in self.params:
+            for hf in self._hf_names_of(name, self.offset):
+                self.sources[hf] = name
+        self._parts: dict[str, torch.Tensor] = {}
+
+    def _hf_names_of(self, name: str, offset: int) -> list[str]:
+        spec = self.spec
         if name == "embedding.word_embeddings.weight":
-            out["model.embed_tokens.weight"] = _gather_tp(local, 0)
-        elif name == "output_layer.weight":
-            if not spec.tie_word_embeddings:
-                out["lm_head.weight"] = _gather_tp(local, 0)
-        elif name == "decoder.final_layernorm.weight":
-            out["model.norm.weight"] = local
-        else:
-            match = _LAYER.match(name)
-            if not match:
-                raise KeyError(f"no HF mapping for Megatron parameter {name!r}")
-            i, suffix = offset + int(match.group(1)), match.group(2)
-            if suffix in _LAYER_PLAIN:
-                dim = 1 if suffix in _SPLIT_COLUMNS else None
-                out[_hf_layer(i, _LAYER_PLAIN[suffix])] = (
-                    _gather_tp(local, dim) if dim is not None else local
-                )
-            elif suffix.startswith("self_attention.linear_qkv."):
-                kind = suffix.rsplit(".", 1)[1]
-                q, k, v = split_qkv(spec, _gather_tp(local, 0))
-                for p, t in zip("qkv", (q, k, v), strict=True):
-                    out[_hf_layer(i, f"self_attn.{p}_proj.{kind}")] = t
-            elif suffix == "mlp.linear_fc1.weight":
-                gate, up = _gather_fc1(local)
-                out[_hf_layer(i, "mlp.gate_proj.weight")] = gate
-                out[_hf_layer(i, "mlp.up_proj.weight")] = up
-            else:
-                raise KeyError(f"no HF mapping for Megatron parameter {name!r}")
-    return out
+            return ["model.embed_tokens.weight"]
+        if name == "output_layer.weight":
+            return [] if spec.tie_word_embeddings else ["lm_head.weight"]
+        if name == "decoder.final_layernorm.weight":
+            return ["model.norm.weight"]
+        match = _LAYER.match(name)
+        if not match:
+            raise KeyError(f"no HF mapping for Megatron parameter {name!r}")
+        i, suffix = offset + int(match.group(1)), match.group(2)
+        if suffix in _LAYER_PLAIN:
+            return [_hf_layer(i, _LAYER_PLAIN[suffix])]
+        if suffix.startswith("self_attention.linear_qkv."):
+            kind = suffix.rsplit(".", 1)[1]
+            return [_hf_layer(i, f"self_attn.{p}_proj.{kind}") for p in "qkv"]
+        if suffix == "mlp.linear_fc1.weight":
+            return [_hf_layer(i, "mlp.gate_proj.weight"), _hf_layer(i, "mlp.up_proj.weight")]
+        raise KeyError(f"no HF mapping for Megatron parameter {name!r}")
+
+    def any_param(self) -> torch.Tensor:
+        """One of this stage's parameters (for dtype and device)."""
+        return next(iter(self.params.values()))
+
+    def get(self, hf_name: str) -> torch.Tensor:
+        """The full HF tensor; a collective over the TP group (every TP rank asks in turn)."""
+        if hf_name in self._parts:
+            return self._parts.pop(hf_name)
+        name = self.sources[hf_name]
+        local = self.params[name].detach()
+        if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            return _gather_tp(local, 0)
+        if name == "decoder.final_layernorm.weight":
+            return local
+        suffix = _LAYER.match(name).group(2)
+        if suffix in _LAYER_PLAIN:
+            return _gather_tp(local, 1) if suffix in _SPLIT_COLUMNS else local
+        names = self._hf_names_of(name, self.offset)
+        if suffix.startswith("self_attention.linear_qkv."):
+            parts = split_qkv(self.spec, _gather_tp(local, 0))
+        else:  # mlp.linear_fc1.weight
+            parts = _gather_fc1(local)
+        self._parts.update(zip(names, parts, strict=True))
+        return self._parts.pop(hf_name)
 
 
 def _hf_shape(spec: QwenSpec, name: str) -> tuple[int, ...]:
@@ -366,16 +394,16 @@ def export_hf_weights(
     pp_group = ps.get_pipeline_model_parallel_group()
     pp_ranks = torch.distributed.get_process_group_ranks(pp_group) if _pp_size() > 1 else [0]
     my_stage = ps.get_pipeline_model_parallel_rank()
-    local = _local_stage_to_hf(model, spec)
+    local = _LocalStageToHF(model, spec)  # builds each tensor when it is its turn
     for name in hf_names(spec):
         owner = _owner_stage(spec, name)
         if _pp_size() == 1:
-            tensor = local[name]
+            tensor = local.get(name)
         else:
             if my_stage == owner:
-                tensor = local[name].contiguous()
+                tensor = local.get(name).contiguous()
             else:
-                ref = next(iter(local.values()))
+                ref = local.any_param()
                 tensor = torch.empty(_hf_shape(spec, name), dtype=ref.dtype, device=ref.device)
             torch.distributed.broadcast(tensor, src=pp_ranks[owner], group=pp_group)
         yield name, (tensor.to(dtype) if dtype is not None else tensor)
