@@ -188,15 +188,21 @@ def up(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
 def down(cluster: LocalCluster) -> list[str]:
     """Cancel the cluster's jobs and stop the daemons `up` started (by pid); their names."""
     if _alive(cluster, "slurmctld"):
-        subprocess.run(["scancel", "--full", "--user", "root"], env=cluster.env(), check=False)
         with contextlib.suppress(ClusterError):
-            _wait_for(lambda: not _jobs(cluster), 20.0, "jobs still running")
+            cancel_jobs(cluster, 20.0)
     stopped = []
     names = [f"slurmd-{n}" for n in cluster.node_names] + ["slurmctld", "munged"]
     for name in names:
         if _stop(cluster, name):
             stopped.append(name)
     return stopped
+
+
+def cancel_jobs(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
+    """scancel every job of the cluster and wait until the queue is empty (`ClusterError`
+    when it is not within `timeout_s`)."""
+    subprocess.run(["scancel", "--full", "--user", "root"], env=cluster.env(), check=False)
+    _wait_for(lambda: not _jobs(cluster), timeout_s, "jobs still running")
 
 
 def kill_node(cluster: LocalCluster, node: str) -> list[int]:

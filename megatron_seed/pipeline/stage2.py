@@ -255,11 +255,10 @@ def library_skills(records: list[TrajectoryRecord], library: dict[str, str]) -> 
 
 def train(run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
     """One SEED update of the trainer on this update's records."""
+    from megatron_seed.models.fp8 import seq_multiple
     from megatron_seed.train.batch import build_policy_batch
 
     cfg = run.cfg
-    from megatron_seed.models.fp8 import seq_multiple
-
     pb = build_policy_batch(
         records,
         run.tokenizer,

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from launch.local_cluster import LocalCluster, down, job_processes, kill_node, up
+from launch.local_cluster import (
+    LocalCluster,
+    cancel_jobs,
+    down,
+    job_processes,
+    kill_node,
+    up,
+)
 from megatron_seed.testbed.rehearsal import finish, launch_tiny, steps, wait_for_update
 from megatron_seed.testbed.tiny_world import make_tiny_world
 
@@ -39,13 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 def _no_job_outlives_its_test(cluster: LocalCluster):
     """A failed test must not leave its job (and its Ray on the fixed ports) running."""
     yield
-    subprocess.run(["scancel", "--full", "--user", "root"], env=cluster.env(), check=False)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        queue = subprocess.run(["squeue", "-h"], env=cluster.env(), capture_output=True, text=True)
-        if not queue.stdout.strip():
-            break
-        time.sleep(1)
+    cancel_jobs(cluster, 60.0)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,17 @@ from megatron_seed.train.checkpoint import restore_rng, rng_states
 SENTINEL = torch.device("meta")  # a device no CPU tensor is on
 
 
+def _tiny_spec():
+    from megatron_seed.models.qwen import QwenSpec
+
+    return QwenSpec(
+        model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-6,
+        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=512, qkv_bias=True,
+        qk_norm=False,
+    )  # fmt: skip
+
+
 class _RecordingModel:
     """Stands in for a GPTModel chunk: records the devices of what it is given."""
 
@@ -62,14 +73,9 @@ def test_a_dropped_config_field_is_an_error_unless_it_is_an_off_switch():
 
 
 def test_the_transformer_config_builds_with_nothing_dropped():
-    from megatron_seed.models.qwen import QwenSpec, transformer_config
+    from megatron_seed.models.qwen import transformer_config
 
-    spec = QwenSpec(
-        model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
-        num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-6,
-        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=512, qkv_bias=True,
-        qk_norm=False,
-    )  # fmt: skip
+    spec = _tiny_spec()
     config = transformer_config(spec, precision="bf16", recompute="full")
     assert config.bf16 and config.recompute_granularity == "full"
 
@@ -166,14 +172,9 @@ def test_fp8_recipes_are_checked_against_the_gpu_and_te():
 
 def test_loaded_models_skip_random_init_and_gpu_ranks_get_one_cuda_queue(monkeypatch):
     from megatron_seed.models import parallel
-    from megatron_seed.models.qwen import QwenSpec, transformer_config
+    from megatron_seed.models.qwen import transformer_config
 
-    spec = QwenSpec(
-        model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
-        num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-6,
-        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=512, qkv_bias=True,
-        qk_norm=False,
-    )  # fmt: skip
+    spec = _tiny_spec()
     assert transformer_config(spec).perform_initialization
     assert not transformer_config(spec, initialize=False).perform_initialization
     # init_parallel on a CUDA plan sets CUDA_DEVICE_MAX_CONNECTIONS before any CUDA call
