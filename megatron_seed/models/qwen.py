@@ -145,9 +145,11 @@ def transformer_config(
     fp8_recipe: str | None = None,
     recompute: str = "none",
     initialize: bool = True,
+    switches: dict[str, bool] | None = None,
 ) -> Any:
     """The megatron-core `TransformerConfig` for `spec` (`recompute`: a `RECOMPUTE` key;
-    `initialize=False` skips random initialisation, for weights loaded right after)."""
+    `initialize=False` skips random initialisation, for weights loaded right after;
+    `switches`: `gpu_switches`, all off by default)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_seed.models.compat import filter_kwargs
@@ -170,14 +172,9 @@ def transformer_config(
         qk_layernorm=spec.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        apply_rope_fusion=False,
         persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
-        sequence_parallel=False,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=bf16,
@@ -186,6 +183,7 @@ def transformer_config(
         init_method_std=0.02,
         perform_initialization=initialize,
     )
+    kwargs.update(gpu_switches(False, tp, False) if switches is None else switches)
     if fp8_recipe:
         kwargs.update(fp8="hybrid", fp8_recipe=fp8_recipe)
     if recompute not in RECOMPUTE:
@@ -198,12 +196,56 @@ def transformer_config(
 
 OPTIONAL_SWITCHES = (
     "bias_dropout_fusion",
+    "bias_activation_fusion",
     "masked_softmax_fusion",
     "apply_rope_fusion",
     "persist_layer_norm",
     "gradient_accumulation_fusion",
     "batch_p2p_sync",
 )
+
+
+def gpu_switches(on_gpu: bool, tp: int, use_te: bool, main_grad: bool = False) -> dict[str, bool]:
+    """Megatron's efficiency switches for a model on this device; all off on the CPU.
+
+    - `sequence_parallel` at TP > 1: norms and the residual stream split over the TP ranks
+      along the sequence (activations / TP; tokens per micro-batch a multiple of TP,
+      `logprobs.token_multiple`).
+    - `bias_dropout_fusion`, `bias_activation_fusion` (SwiGLU), `masked_softmax_fusion` (the
+      local spec's softmax): fused elementwise kernels.
+    - with Transformer Engine: `apply_rope_fusion` (TE's fused RoPE) and, for a model whose
+      parameters carry DDP's fp32 `main_grad` (`main_grad`: the trained policy, not the frozen
+      reference), `gradient_accumulation_fusion` (weight-gradient GEMMs accumulate into it).
+    """
+    return {
+        "sequence_parallel": on_gpu and tp > 1,
+        "bias_dropout_fusion": on_gpu,
+        "bias_activation_fusion": on_gpu,
+        "masked_softmax_fusion": on_gpu,
+        "apply_rope_fusion": on_gpu and use_te,
+        "gradient_accumulation_fusion": on_gpu and use_te and main_grad,
+    }
+
+
+class LocalRMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm in Megatron's norm signature, for the local spec's residual-stream
+    norms. Under sequence parallelism each TP rank normalises only its slice of the sequence,
+    so the weight is marked `sequence_parallel` and `finalize_model_grads` sums its gradient
+    over TP (what TE's norms do; megatron-core's `WrappedTorchNorm` refuses the mode)."""
+
+    def __init__(
+        self,
+        config: Any,
+        hidden_size: int,
+        eps: float = 1e-5,
+        persist_layer_norm: bool = False,
+        zero_centered_gamma: bool = False,
+        normalization: str = "RMSNorm",
+    ) -> None:
+        if normalization != "RMSNorm" or zero_centered_gamma:
+            raise ModelConfigError(f"LocalRMSNorm is a plain RMSNorm, not {normalization}")
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
 
 
 def layer_spec(spec: QwenSpec, use_te: bool, core_attention: type | None = None) -> Any:
@@ -224,7 +266,25 @@ def layer_spec(spec: QwenSpec, use_te: bool, core_attention: type | None = None)
     )
     attention = core_attention or SdpaDotProductAttention
     local.submodules.self_attention.submodules.core_attention = attention
+    local.submodules.input_layernorm = LocalRMSNorm
+    local.submodules.pre_mlp_layernorm = LocalRMSNorm
     return local
+
+
+def block_spec(config: Any, spec: QwenSpec, use_te: bool, core_attention: type | None) -> Any:
+    """The decoder of this pipeline stage: `layer_spec` layers, and with the local spec a
+    `LocalRMSNorm` final norm (megatron-core's default would refuse sequence parallelism)."""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    layer = layer_spec(spec, use_te, core_attention)
+    if use_te:
+        return layer
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=LocalRMSNorm
+    )
 
 
 def build_gpt_model(
@@ -236,13 +296,17 @@ def build_gpt_model(
     core_attention: type | None = None,
     recompute: str = "none",
     initialize: bool = True,
+    main_grad: bool = False,
+    sequence_parallel: bool | None = None,
 ) -> Any:
     """This process's stage of the model for the initialised Megatron process groups.
 
     `use_te` defaults to "CUDA is available and Transformer Engine imports";
     `core_attention` overrides the local spec's (`layer_spec`); `recompute`: activation
     recompute in backward (`RECOMPUTE`); `initialize=False`: no random init (every weight is
-    about to be loaded).
+    about to be loaded); `main_grad`: the model is trained under Megatron's DDP (TE's
+    gradient-accumulation fusion); the GPU switches follow `gpu_switches`, and
+    `sequence_parallel` overrides that one (it runs on the CPU too).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -254,10 +318,15 @@ def build_gpt_model(
         use_te = torch.cuda.is_available() and te_available()
     if fp8_recipe and not use_te:
         raise ModelConfigError("FP8 needs Transformer Engine on a GPU")
-    config = transformer_config(spec, tp, pp, precision, fp8_recipe, recompute, initialize)
+    switches = gpu_switches(torch.cuda.is_available(), tp, use_te, main_grad)
+    if sequence_parallel is not None:
+        switches["sequence_parallel"] = sequence_parallel and tp > 1
+    config = transformer_config(
+        spec, tp, pp, precision, fp8_recipe, recompute, initialize, switches
+    )
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(spec, use_te, core_attention),
+        transformer_layer_spec=block_spec(config, spec, use_te, core_attention),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),

@@ -57,7 +57,7 @@ def _sft_worker(
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
-    from megatron_seed.models.convert import export_hf_weights, save_hf_checkpoint
+    from megatron_seed.models.convert import save_hf_checkpoint
     from megatron_seed.models.parallel import init_parallel
     from megatron_seed.train.checkpoint import save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
@@ -70,8 +70,6 @@ def _sft_worker(
         sft_sequence(tokenizer, r, cfg.skill.analyzer_layout, cfg.skill.min_words) for r in records
     ]
     rng = random.Random(cfg.seed)
-    from megatron_seed.models.fp8 import seq_multiple
-
     pad = tokenizer.pad_token_id or 0
     curve = []
     for epoch in range(cfg.sft_epochs):
@@ -79,13 +77,13 @@ def _sft_worker(
         rng.shuffle(order)
         for start in range(0, len(order), cfg.sft_batch_size):
             rows = [seqs[i] for i in order[start : start + cfg.sft_batch_size]]
-            batch = collate(rows, pad, seq_multiple(cfg.parallel.fp8_recipe))
+            batch = collate(rows, pad, trainer.seq_multiple)
             m = trainer.nll_step(batch)
             curve.append({"epoch": epoch, "nll": m["nll"], "tokens": m["tokens"]})
     hf_config = json.loads((Path(model_dir) / "config.json").read_text())
     out = Path(out_dir)
     save_checkpoint(trainer, out / "megatron", hf_config, model_dir)
-    stream = export_hf_weights(trainer.model.module, trainer.spec)
+    stream = trainer.export_weights()
     if dist.get_rank() == 0:
         save_hf_checkpoint(stream, out / "hf", hf_config, tokenizer_from=model_dir)
     else:

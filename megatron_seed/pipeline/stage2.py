@@ -158,9 +158,7 @@ class Run:
 def sync(run: Run) -> dict[str, float]:
     """Stream theta into every engine (a collective over trainer ranks; rank 0 sends), then
     verify the refit on the probe."""
-    from megatron_seed.models.convert import export_hf_weights
-
-    stream = export_hf_weights(run.trainer.model.module, run.trainer.spec, dtype=torch.float32)
+    stream = run.trainer.export_weights(dtype=torch.float32)
     metrics: dict[str, float] = {}
     if run.side.session is None:
         for _ in stream:
@@ -255,7 +253,6 @@ def library_skills(records: list[TrajectoryRecord], library: dict[str, str]) -> 
 
 def train(run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
     """One SEED update of the trainer on this update's records."""
-    from megatron_seed.models.fp8 import seq_multiple
     from megatron_seed.train.batch import build_policy_batch
 
     cfg = run.cfg
@@ -265,7 +262,7 @@ def train(run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
         cfg.skill.insert_at,
         cfg.algo.use_opd,
         cfg.algo.adv_eps,
-        pad_to_multiple_of=seq_multiple(cfg.parallel.fp8_recipe),
+        pad_to_multiple_of=run.trainer.seq_multiple,
     )
     metrics = {f"train/{k}": v for k, v in run.trainer.train_step(pb).items()}
     run.trainer.state.data_position += cfg.rollout.tasks_per_update
@@ -427,29 +424,35 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
         cfg.save(out / "config.json")
     hf_config = json.loads((Path(job.model_dir) / "config.json").read_text())
     need_sync = resumed is not None or job.fleet_address is not None
-    return Run(job, trainer, tokenizer, side, hf_config, need_sync, _probe(cfg, tokenizer))
+    return Run(
+        job,
+        trainer,
+        tokenizer,
+        side,
+        hf_config,
+        need_sync,
+        _probe(cfg, tokenizer, trainer.seq_multiple),
+    )
 
 
-def _probe(cfg: SeedConfig, tokenizer: Any) -> Any:
+def _probe(cfg: SeedConfig, tokenizer: Any, block: int) -> Any:
     """The fixed refit probe ([1, n] TokenBatch), or None when the probe is off."""
     from megatron_seed.data import TokenSequence, collate
-    from megatron_seed.models.fp8 import seq_multiple
     from megatron_seed.rollout.refit import probe_ids
 
     n = cfg.fleet.refit_probe_tokens
     if not n:
         return None
-    block = seq_multiple(cfg.parallel.fp8_recipe)
-    n = -(-n // block) * block  # an FP8 trainer scores whole blocks
+    n = -(-n // block) * block  # the trainer scores whole blocks (`SeedTrainer.seq_multiple`)
     ids = probe_ids(len(tokenizer), set(tokenizer.all_special_ids), n, cfg.seed)
     return collate([TokenSequence(ids, [False] * n, [0.0] * n, [0] * n)], 0)
 
 
 def _export_final(trainer: Any, path: Path, hf_config: dict, tokenizer_dir: str) -> None:
     """The trained policy as a HF folder (for evaluation and serving); a collective."""
-    from megatron_seed.models.convert import export_hf_weights, save_hf_checkpoint
+    from megatron_seed.models.convert import save_hf_checkpoint
 
-    stream = export_hf_weights(trainer.model.module, trainer.spec)
+    stream = trainer.export_weights()
     if _rank() == 0:
         save_hf_checkpoint(stream, path, hf_config, tokenizer_from=tokenizer_dir)
     else:

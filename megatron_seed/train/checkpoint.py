@@ -72,6 +72,7 @@ def save_checkpoint(
         (tmp / "optimizer").mkdir(parents=True)
         (tmp / "rng").mkdir()
     _barrier()
+    trainer.sync_params()
     save_model(trainer.model.module, tmp, hf_config=hf_config, tokenizer_from=tokenizer_dir)
     model_sd = trainer.model.module.sharded_state_dict(prefix="")
     dist_checkpointing.save(trainer.optimizer.sharded_state_dict(model_sd), str(tmp / "optimizer"))

@@ -112,11 +112,16 @@ class SeedTrainer:
             fp8_recipe=par.fp8_recipe,
             recompute=par.recompute,
             initialize=False,
+            main_grad=True,
         )
         load_hf_weights(model, ckpt)
+        on_gpu = torch.cuda.is_available()
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
-            overlap_grad_reduce=False,
+            grad_reduce_in_fp32=True,  # exact sums over DP; bf16 grads would round
+            # on GPUs gradient buckets are reduced while backward goes on, and with the
+            # distributed optimizer the updated weights are gathered during the next forward
+            overlap_grad_reduce=on_gpu,
+            overlap_param_gather=on_gpu and par.distributed_optimizer,
             use_distributed_optimizer=par.distributed_optimizer,
         )
         model.config.calculate_per_token_loss = True  # sum over DP, no 1/num_microbatches
@@ -157,6 +162,28 @@ class SeedTrainer:
             self.ref_model.requires_grad_(False)
         self.state = TrainerState()
         self._metric_keys = _metric_keys(cfg)
+
+    @property
+    def seq_multiple(self) -> int:
+        """Tokens per micro-batch must be a multiple of this (FP8 blocks, sequence
+        parallelism): what every batch this trainer gets is collated to."""
+        from megatron_seed.models.logprobs import token_multiple
+
+        return token_multiple(self.model.module.config)
+
+    def sync_params(self) -> None:
+        """Make every rank's weights the updated ones. With the distributed optimizer's
+        overlapped gather, an optimizer step leaves the gather to the next forward: anything
+        that reads the weights before it (export, checkpoint) calls this first."""
+        if self.model.ddp_config.overlap_param_gather:
+            self.model.start_param_sync(force_sync=True)
+
+    def export_weights(self, dtype: torch.dtype | None = None):
+        """`export_hf_weights` of the current policy (a collective over all trainer ranks)."""
+        from megatron_seed.models.convert import export_hf_weights
+
+        self.sync_params()
+        return export_hf_weights(self.model.module, self.spec, dtype)
 
     # ------------------------------------------------------------ data-parallel helpers
 

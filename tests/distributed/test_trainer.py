@@ -82,6 +82,21 @@ def test_activation_recompute_changes_memory_not_math(tiny):
         spawn(workers.update_and_grads, 1, hf, tok, 1, 1, dist_opt)
 
 
+def test_sequence_parallel_changes_memory_not_math(tiny):
+    """Sequence parallelism (on by default on GPUs at TP > 1) at TP=2 gives the update and
+    gradients of TP=1 without it: the sequence split, its gathers and the norm gradients'
+    all-reduce over TP are exact (checked here over gloo)."""
+    hf, tok = tiny
+    (base_metrics, base_grads), *_ = spawn(workers.update_and_grads, 1, hf, tok, 1, 1, CFG)
+    results = spawn(workers.update_and_grads_sequence_parallel, 2, hf, tok, 2, 1, CFG)
+    metrics, grads = results[0]
+    assert results[1][0] == metrics
+    for key in ("loss/total", "loss/policy", "kl"):
+        assert abs(metrics[key] - base_metrics[key]) <= 1e-5 * abs(base_metrics["loss/total"])
+    assert grads.keys() == base_grads.keys()
+    assert max(_rel(grads[k], base_grads[k]) for k in grads) <= 1e-5
+
+
 def test_live_and_snapshot_teachers(tiny):
     """They coincide with one mini-batch per update and differ with two (the second
     mini-batch's teacher sees the weights after the first step only in `live`)."""

@@ -32,6 +32,31 @@ def update_and_grads(hf_dir, tok_dir, tp, pp, cfg):
     return metrics, trainer.grads_by_hf_name()
 
 
+def update_and_grads_sequence_parallel(hf_dir, tok_dir, tp, pp, cfg):
+    """`update_and_grads` with sequence parallelism (a GPU switch) turned on, on the CPU;
+    batches padded to the trainer's token multiple (TP)."""
+    import megatron_seed.models.qwen as qwen
+    from megatron_seed.train.batch import build_policy_batch
+
+    real = qwen.gpu_switches
+
+    def with_sp(on_gpu, tp, use_te, main_grad=False):
+        return {**real(on_gpu, tp, use_te, main_grad), "sequence_parallel": tp > 1}
+
+    qwen.gpu_switches = with_sp
+    trainer, records, _ = _setup(
+        hf_dir, tok_dir, tp, pp, cfg, groups=2, group_size=2, turns=3, valid_skill_every=2
+    )
+    assert trainer.model.module.config.sequence_parallel and trainer.seq_multiple == tp
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    pb = build_policy_batch(records, tok, pad_to_multiple_of=trainer.seq_multiple)
+    assert pb.student.input_ids.shape[1] % tp == 0
+    metrics = trainer.train_step(pb)
+    return metrics, trainer.grads_by_hf_name()
+
+
 def run_with_checkpoints(hf_dir, tok_dir, tp, pp, cfg, steps, save_at, root, resume):
     """Train `steps` updates on a fixed batch, saving at `save_at` or resuming from `root`."""
     from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint

@@ -4,6 +4,7 @@ no TransformerConfig field is dropped silently, and checkpoints carry the CUDA R
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -144,11 +145,26 @@ def test_fp8_pads_student_and_teacher_batches_to_the_recipe_block(recipe, block,
         assert not padded.loss_mask[:, s0:].any()
 
 
-def test_the_schedule_refuses_fp8_micro_batches_off_the_block():
-    logprobs.check_seq_multiple(None, 37)
-    logprobs.check_seq_multiple("tensorwise", 64)
+def _config(fp8=None, tp=1, sp=False):
+    return SimpleNamespace(
+        fp8="hybrid" if fp8 else None,
+        fp8_recipe=fp8,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
+    )
+
+
+def test_the_schedule_refuses_micro_batches_off_the_block():
+    logprobs.check_seq_multiple(_config(), 37)
+    logprobs.check_seq_multiple(_config("tensorwise"), 64)
     with pytest.raises(ValueError, match="multiple of 32 tokens, got 48"):
-        logprobs.check_seq_multiple("mxfp8", 48)
+        logprobs.check_seq_multiple(_config("mxfp8"), 48)
+    # sequence parallelism splits the sequence over TP ranks: lcm with the FP8 block
+    assert logprobs.token_multiple(_config(tp=4)) == 1
+    assert logprobs.token_multiple(_config(tp=4, sp=True)) == 4
+    assert logprobs.token_multiple(_config("delayed", tp=3, sp=True)) == 48
+    with pytest.raises(ValueError, match=r"sequence parallelism at TP=3 needs .* of 3 tokens"):
+        logprobs.check_seq_multiple(_config(tp=3, sp=True), 64)
 
 
 def test_fp8_recipes_are_checked_against_the_gpu_and_te():
@@ -225,3 +241,52 @@ def test_tp_ranks_read_only_their_shard_and_get_what_the_whole_tensor_gives(tmp_
         assert torch.equal(shards[names[3], r], o_proj)
         embed = ckpt_get("model.embed_tokens.weight").chunk(tp, dim=0)[r]
         assert torch.equal(shards[names[0], r], embed)
+
+
+def test_gpu_switches_turn_on_the_fused_and_overlapped_paths_only_on_gpus():
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_seed.models.qwen import gpu_switches, transformer_config
+
+    assert not any(gpu_switches(False, 4, True, main_grad=True).values())
+    on = gpu_switches(True, 2, True, main_grad=True)
+    assert all(on.values()), on
+    assert not gpu_switches(True, 1, True)["sequence_parallel"]  # nothing to split at TP=1
+    # TE's fused RoPE and wgrad accumulation need TE; the accumulation, DDP's main_grad
+    assert not gpu_switches(True, 2, False, main_grad=True)["apply_rope_fusion"]
+    assert not gpu_switches(True, 2, True, main_grad=False)["gradient_accumulation_fusion"]
+    # megatron-core accepts every switch that needs no TE (a dropped one would raise)
+    cfg = transformer_config(_tiny_spec(), tp=2, switches=gpu_switches(True, 2, False))
+    assert isinstance(cfg, TransformerConfig)
+    assert cfg.sequence_parallel and cfg.bias_dropout_fusion and cfg.bias_activation_fusion
+    assert not transformer_config(_tiny_spec(), tp=2).sequence_parallel  # CPU default: off
+
+
+def test_weights_are_gathered_before_anything_reads_them(monkeypatch):
+    """With the distributed optimizer's overlapped gather, an optimizer step leaves the
+    weights un-gathered until the next forward: an export must gather them first."""
+    from megatron_seed.models import convert
+    from megatron_seed.train.trainer import SeedTrainer
+
+    calls = []
+
+    class FakeDDP:
+        module = object()
+        ddp_config = SimpleNamespace(overlap_param_gather=True)
+
+        def start_param_sync(self, force_sync=False):
+            calls.append(("gather", force_sync))
+
+    def fake_export(module, spec, dtype):
+        calls.append(("export", dtype))
+        yield from ()
+
+    monkeypatch.setattr(convert, "export_hf_weights", fake_export)
+    trainer = object.__new__(SeedTrainer)
+    trainer.model, trainer.spec = FakeDDP(), None
+    list(trainer.export_weights(torch.bfloat16))
+    assert calls == [("gather", True), ("export", torch.bfloat16)]
+    calls.clear()
+    trainer.model.ddp_config.overlap_param_gather = False  # no overlap: already gathered
+    list(trainer.export_weights())
+    assert calls == [("export", None)]

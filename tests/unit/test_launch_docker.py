@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,13 @@ def test_dockerfile_installs_only_through_the_shared_install_script() -> None:
     # Every file the install reads is in the image before the install runs...
     at = steps.index(("RUN", "bash tools/install.sh gpu"))
     copied = " ".join(args for word, args in steps[:at] if word == "COPY")
-    for name in ("requirements.txt", "requirements-gpu.txt", "tools/install.sh", "pyproject.toml"):
+    for name in (
+        "requirements.txt",
+        "requirements-gpu.in",
+        "requirements-gpu.lock",
+        "tools/install.sh",
+        "pyproject.toml",
+    ):
         assert name in copied, name
     # ...but not the whole source (that layer comes after, so edits keep the cache).
     assert "COPY . ." not in [f"COPY {a}" for w, a in steps[:at] if w == "COPY"]
@@ -50,7 +57,12 @@ def test_dockerfile_installs_only_through_the_shared_install_script() -> None:
 
 def test_dockerfile_base_and_user() -> None:
     steps = _instructions()
-    assert any(w == "ARG" and a.startswith("BASE_IMAGE=nvcr.io/nvidia/pytorch:") for w, a in steps)
+    # a CUDA devel base (nvcc for TE's extension) whose CUDA major is torch's in the lock
+    base = next(a for w, a in steps if w == "ARG" and a.startswith("BASE_IMAGE="))
+    match = re.fullmatch(r"BASE_IMAGE=nvidia/cuda:(\d+)\.[\d.]+-cudnn-devel-ubuntu24\.04", base)
+    assert match, base
+    lock = (ROOT / "requirements-gpu.lock").read_text()
+    assert f"nvidia-nccl-cu{match.group(1)}==" in lock
     users = [a for w, a in steps if w == "USER"]
     assert users and not users[-1].startswith(("root", "0"))
 
@@ -77,5 +89,55 @@ def test_cpu_and_gpu_installs_read_the_same_requirements(target: str, tmp_path: 
     installs = [c for c in calls if " install " in f" {c} "]
     assert any(c.endswith(f"-r {ROOT}/requirements.txt") for c in installs), calls
     assert installs[-1].endswith(f"--no-deps -e {ROOT}")
-    gpu_list = any(c.endswith(f"-r {ROOT}/requirements-gpu.txt") for c in installs)
-    assert gpu_list == (target == "gpu")
+    gpu = (
+        f"-c {ROOT}/requirements-gpu.lock -r {ROOT}/requirements-gpu.in -r {ROOT}/requirements.txt"
+    )
+    assert any(c.endswith(gpu) for c in installs) == (target == "gpu"), calls
+    te = [c for c in installs if "transformer-engine-torch" in c]
+    if target == "gpu":  # the pinned TE extension, built against the installed torch
+        assert te == [
+            f"-m pip install --disable-pip-version-check -q --no-build-isolation --no-deps "
+            f"transformer-engine-torch=={_locked('transformer-engine-torch')}"
+        ], te
+    else:
+        assert te == []
+
+
+def _locked(name: str) -> str:
+    for line in (ROOT / "requirements-gpu.lock").read_text().splitlines():
+        if line.startswith(f"{name}=="):
+            return line.split("==")[1].split()[0]
+    raise AssertionError(f"{name} not in the lock")
+
+
+def test_gpu_lock_pins_every_package_and_marks_the_source_builds() -> None:
+    import tools.gpu_lock as gpu_lock
+
+    pins = gpu_lock.read_lock(ROOT / "requirements-gpu.lock")
+    sources = gpu_lock.source_pins((ROOT / "requirements-gpu.in").read_text())
+    assert {"torch", "vllm", "transformer-engine", "megatron-core", "ray"} <= pins.keys()
+    for name, version in sources.items():
+        assert pins[name] == version
+    # what the .in file pins is what the lock holds
+    for line in (ROOT / "requirements-gpu.in").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = re.sub(r"\[.*\]", "", line).split("==")
+            assert pins[gpu_lock.canonical(name)] == version, line
+    # megatron-core: the release the CPU install runs its tests with
+    import importlib.metadata
+
+    assert pins["megatron-core"] == importlib.metadata.version("megatron-core")
+
+
+def test_gpu_lock_resolves_for_python_312_linux() -> None:
+    """pip's resolver, for the image's interpreter and platform, lands exactly on the lock
+    (tools/gpu_lock.py; needs PyPI, as the install does)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gpu_lock.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resolve for Python 3.12 linux x86-64" in proc.stdout

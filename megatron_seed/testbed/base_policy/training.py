@@ -83,7 +83,7 @@ def _train_worker(
 
     from megatron_seed.config import OptimConfig, ParallelConfig, SeedConfig
     from megatron_seed.data import collate
-    from megatron_seed.models.convert import export_hf_weights, save_hf_checkpoint
+    from megatron_seed.models.convert import save_hf_checkpoint
     from megatron_seed.models.parallel import init_parallel
     from megatron_seed.train.trainer import SeedTrainer
 
@@ -103,12 +103,13 @@ def _train_worker(
     bar = tqdm(plan, desc="behaviour cloning", disable=not progress, leave=False)
     for step, rows in enumerate(bar):
         trainer.set_lr(lr_at(step, s))
-        metrics = trainer.nll_step(collate([sequences[i] for i in rows], data["pad_id"]))
+        batch = collate([sequences[i] for i in rows], data["pad_id"], trainer.seq_multiple)
+        metrics = trainer.nll_step(batch)
         losses.append(metrics["nll"])
         bar.set_postfix(nll=f"{metrics['nll']:.3f}")
     seconds = time.perf_counter() - start
     hf_config = json.loads((Path(init_dir) / "config.json").read_text())
-    weights = export_hf_weights(trainer.model.module, trainer.spec, dtype=torch.float32)
+    weights = trainer.export_weights(dtype=torch.float32)
     save_hf_checkpoint(weights, out_dir, hf_config, tokenizer_from=data["tokenizer_dir"])
     tail = losses[-10:]
     return {
