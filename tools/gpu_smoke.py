@@ -1,22 +1,36 @@
-"""GPU smoke check and throughput of the Megatron model path on one GPU.
+"""The first GPU run in one command: the real trainer on one GPU, checked and timed.
 
-    python tools/gpu_smoke.py [--seq 2048 --mbs 4 --steps 8] [--out bench/gpu_smoke.json]
-    python tools/gpu_smoke.py --cpu-tiny        # the same code on a tiny model, on the CPU
+    python tools/gpu_smoke.py [--model HF_DIR] [--seq 2048] [--steps 3] [--out bench/gpu_smoke.json]
+    python tools/gpu_smoke.py --cpu-tiny     # the same code path on a tiny model, on the CPU
 
-A Qwen2.5-1.5B-shaped model with random weights (megatron-seed's own builder, so the TE
-layer spec when Transformer Engine is installed, else the local spec) runs forward/backward
-in bf16; tokens/s and MFU are printed. FP8: with Transformer Engine the model is rebuilt with
-an FP8 recipe and timed the same way; without it, torch-native FP8 matmuls
-(`torch._scaled_mm`) are timed on the model's own GEMM shapes against bf16. Needs only torch
-and megatron-core besides this package. Finishes in a few minutes on an H200.
+On the model (`--model`: any local Qwen2/2.5/3 HF folder; default a Qwen2.5-0.5B-shaped
+checkpoint with random weights, written locally), for bf16 and, where Transformer Engine is
+installed, FP8 (`--fp8-recipe`, TE's layer spec; without TE, torch-native FP8 GEMMs on the
+model's shapes are timed against bf16 instead):
+
+1. `SeedTrainer` is built as Stage 2 builds it (policy, frozen reference, Megatron DDP and
+   optimizer; the TE spec when TE imports) from the HF weights;
+2. parity: the trainer's per-token log-probs against transformers' on the same ids;
+3. `train_step` on a SEED batch of `--seq` tokens per sequence (student and teacher),
+   timed: tokens/s and MFU (6 N + attention FLOPs per token against `--peak-tflops`);
+4. a checkpoint save, one more step, a fresh trainer resumed from the checkpoint, the same
+   step: the two must agree (exactly on the CPU);
+5. memory against the launcher's model (`launch.layout.trainer_memory_gib`): on a GPU the
+   allocator's peak must stay under the estimate; everywhere, the bytes the trainer holds in
+   weights, gradients, optimizer state and reference must match the model's static part.
+
+Prints and writes JSON. Besides PyTorch it needs only megatron-core and transformers (TE and
+vLLM are optional). About 5 minutes on one H200.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,20 +38,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-QWEN25_1_5B = dict(
+QWEN25_05B = dict(
     model_type="qwen2",
     vocab_size=151936,
-    hidden_size=1536,
-    intermediate_size=8960,
-    num_hidden_layers=28,
-    num_attention_heads=12,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
     num_key_value_heads=2,
     max_position_embeddings=32768,
     tie_word_embeddings=True,
     rope_theta=1000000.0,
 )
 TINY = dict(
-    QWEN25_1_5B,
+    QWEN25_05B,
     vocab_size=512,
     hidden_size=128,
     intermediate_size=256,
@@ -45,40 +59,157 @@ TINY = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
 )
+GIB = 2**30
 
 
 def flops_per_token(spec, seq: int) -> float:
-    """Training FLOPs per token: 6 x params (matmuls) + attention scores (12 L h_q s)."""
-    attn = 12 * spec.num_layers * spec.num_heads * spec.head_dim * seq
+    """Training FLOPs per token: 6 x params (matmuls) + causal attention scores (6 L h_q d s)."""
+    attn = 6 * spec.num_layers * spec.num_heads * spec.head_dim * seq
     return 6 * spec.num_params + attn
 
 
-def time_train_steps(model, spec, seq: int, mbs: int, steps: int, device) -> dict:
-    """Median seconds of forward+backward on random ids; also one no-grad log-prob pass."""
-    from megatron_seed.models.logprobs import shifted_labels, token_logprobs
+def smoke_batch(tokenizer, seq: int, rows: int, multiple: int):
+    """A SEED PolicyBatch of `rows` multi-turn sequences of about `seq` tokens (student and
+    teacher rows), padded to the trainer's token multiple."""
+    from megatron_seed.testbed.synthetic import synthetic_records
+    from megatron_seed.train.batch import build_policy_batch
 
-    ids = torch.randint(0, spec.vocab_size, (mbs, seq), device=device)
-    pos = torch.arange(seq, device=device).unsqueeze(0).expand(mbs, seq)
-    labels = shifted_labels(ids)
-    times = []
-    for i in range(steps + 2):
-        if device.type == "cuda":
+    def batch(turns: int):
+        records = synthetic_records(
+            tokenizer, groups=max(1, rows // 2), group_size=2, turns=turns, action_tokens=8,
+            obs_words=24, seed=0, valid_skill_every=1,
+        )  # fmt: skip
+        return build_policy_batch(records, tokenizer, pad_to_multiple_of=multiple)
+
+    one, two = (batch(t).student.input_ids.shape[1] for t in (1, 2))
+    turns = max(1, 1 + (seq - one) // max(1, two - one))  # lengths grow linearly in turns
+    return batch(turns)
+
+
+def held_bytes(trainer) -> dict[str, int]:
+    """Bytes the trainer holds in weights, fp32 main grads, optimizer state and reference."""
+    params = list(trainer.model.module.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in trainer.model.buffers)
+    state = 0
+    for opt in getattr(trainer.optimizer, "chained_optimizers", [trainer.optimizer]):
+        for tensors in opt.optimizer.state.values():
+            state += sum(t.numel() * t.element_size() for t in tensors.values() if t.dim())
+        for group in getattr(opt, "shard_fp32_from_float16_groups", None) or getattr(
+            opt, "fp32_from_float16_groups", []
+        ):
+            state += sum(p.numel() * p.element_size() for p in group)
+    ref = sum(p.numel() * p.element_size() for p in trainer.ref_model.parameters())
+    return {"weights": weights, "grads": grads, "optimizer": state, "reference": ref}
+
+
+def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | None) -> dict:
+    """Build, check parity, train, checkpoint and resume one precision; its results."""
+    from launch.layout import ClusterLayout, trainer_memory_gib
+    from megatron_seed.config import AlgoConfig, OptimConfig, ParallelConfig, SeedConfig
+    from megatron_seed.models.parity import hf_reference_logprobs
+    from megatron_seed.recipes import ModelShape
+    from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from megatron_seed.train.trainer import SeedTrainer
+
+    on_gpu = torch.cuda.is_available()
+    cfg = SeedConfig(
+        algo=AlgoConfig(teacher_mode="snapshot", beta_kl=0.01),
+        optim=OptimConfig(lr=1e-5, mini_batches_per_update=1, micro_batch_size=1),
+        parallel=ParallelConfig(precision=precision, fp8_recipe=fp8_recipe),
+    )
+    out: dict = {"precision": precision, "fp8_recipe": fp8_recipe}
+    if on_gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    trainer = SeedTrainer(cfg, hf_dir)
+    out["build_seconds"] = time.perf_counter() - t0
+    out["transformer_engine_spec"] = (
+        "TE" in type(trainer.model.module.decoder.layers[0].mlp.linear_fc1).__name__
+    )
+    spec = trainer.spec
+
+    # parity against transformers on the same ids (float32 reference)
+    from megatron_seed.data import TokenSequence, collate
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, min(spec.vocab_size, len(tokenizer)), (2, args.parity_seq), generator=g)
+    batch = collate(
+        [TokenSequence(r.tolist(), [False] * len(r), [0.0] * len(r), [0] * len(r)) for r in ids],
+        0,
+        trainer.seq_multiple,
+    )
+    ours = trainer.score(batch)[:, : args.parity_seq]  # [2, s]
+    ref = hf_reference_logprobs(hf_dir, ids)  # [2, s]
+    diff = (ours - ref).abs()[:, :-1]
+    out["parity"] = {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
+
+    pb = smoke_batch(tokenizer, args.seq, args.rows, trainer.seq_multiple)
+    tokens = int(pb.student.input_ids.numel() + (pb.teacher.input_ids.numel() if pb.teacher else 0))
+    out["batch"] = {"rows": pb.rows, "seq": int(pb.student.input_ids.shape[1]), "tokens": tokens}
+    times, losses = [], []
+    for _ in range(args.steps):
+        if on_gpu:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        nll = model(ids, pos, None, labels=labels)  # [b, s]
-        nll.float().mean().backward()
-        if device.type == "cuda":
+        t = time.perf_counter()
+        m = trainer.train_step(pb)
+        if on_gpu:
             torch.cuda.synchronize()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    lp = token_logprobs(model, ids[:1], 1)
-    times.sort()
-    step = times[len(times) // 2]
-    return {
-        "step_seconds_median": step,
-        "tokens_per_s": mbs * seq / step,
-        "logprobs_finite": bool(torch.isfinite(lp).all()),
+        times.append(time.perf_counter() - t)
+        losses.append(m["loss/total"])
+    out["losses"] = losses
+    out["finite"] = all(math.isfinite(x) for x in losses)
+    timed = sorted(times[1:] or times)  # the first step warms kernels up
+    step = timed[len(timed) // 2]
+    # one update scores old/ref/teacher (3 forwards) and trains the student (forward+backward):
+    # count what it trains on, as MFU conventions do
+    train_tokens = int(pb.student.input_ids.numel())
+    out["step_seconds_median"] = step
+    out["train_tokens_per_s"] = train_tokens / step
+    fpt = flops_per_token(spec, out["batch"]["seq"])
+    out["mfu"] = out["train_tokens_per_s"] * fpt / (args.peak_tflops * 1e12) if on_gpu else None
+
+    # memory: the allocator's peak and the bytes held, against the launcher's model
+    shape = ModelShape(
+        hf_id=hf_dir, layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads,
+        kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, ffn=spec.intermediate_size,
+        vocab=spec.vocab_size, tied_embeddings=spec.tie_word_embeddings, qkv_bias=spec.qkv_bias,
+    )  # fmt: skip
+    layout = ClusterLayout(
+        gpus_per_node=1, trainer_ranks_per_node=1, fleet_gpus_per_node=0,
+        tokens_per_micro_batch=out["batch"]["seq"],
+    )  # fmt: skip
+    model = trainer_memory_gib(shape, cfg.parallel, 1, layout)
+    held = held_bytes(trainer)
+    static_model = sum(model[k] for k in ("weights_bf16", "grads_fp32", "optimizer_fp32"))
+    static_model += model["reference_bf16"]
+    out["memory"] = {
+        "model_gib": model,
+        "held_gib": {k: v / GIB for k, v in held.items()},
+        "held_over_model_static": sum(held.values()) / GIB / static_model,
+        "peak_gib": torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
+        "peak_over_model_total": (
+            torch.cuda.max_memory_allocated() / GIB / model["total"] if on_gpu else None
+        ),
     }
+
+    # checkpoint, one more step, resume into a fresh trainer, the same step
+    hf_config = json.loads((Path(hf_dir) / "config.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        save_checkpoint(trainer, Path(tmp) / "ckpt", hf_config)
+        out["checkpoint_save_seconds"] = time.perf_counter() - t
+        after = trainer.train_step(pb)["loss/total"]
+        del trainer
+        if on_gpu:
+            torch.cuda.empty_cache()
+        resumed = SeedTrainer(cfg, hf_dir)
+        load_checkpoint(resumed, latest_checkpoint(Path(tmp) / "ckpt"))
+        again = resumed.train_step(pb)["loss/total"]
+    out["resume"] = {"loss_continued": after, "loss_resumed": again, "abs_diff": abs(after - again)}
+    del resumed
+    return out
 
 
 def fp8_matmul_bench(spec, tokens: int, device) -> dict:
@@ -121,68 +252,77 @@ def fp8_matmul_bench(spec, tokens: int, device) -> dict:
     return out
 
 
+def make_model(args, folder: Path) -> str:
+    """The HF folder to use: `--model`, or a random checkpoint of the smoke's shape."""
+    if args.model:
+        return args.model
+    from megatron_seed.testbed.tiny import make_tiny_qwen
+
+    shape = dict(TINY if args.cpu_tiny else QWEN25_05B)
+    make_tiny_qwen(folder / "model", **shape)
+    return str(folder / "model")
+
+
 def main() -> int:
     """Run the smoke check; print and write the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--mbs", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument(
-        "--peak-tflops", type=float, default=989.0, help="bf16 dense peak (H200: 989)"
-    )
-    parser.add_argument("--cpu-tiny", action="store_true", help="tiny model on the CPU (a dry run)")
+    parser.add_argument("--model", help="a local HF Qwen folder (default: random 0.5B shape)")
+    parser.add_argument("--seq", type=int, default=2048, help="tokens per training sequence")
+    parser.add_argument("--rows", type=int, default=4, help="sequences per update")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--parity-seq", type=int, default=256)
+    parser.add_argument("--fp8-recipe", default="tensorwise", help="with TE; 'none' skips FP8")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak")
+    parser.add_argument("--cpu-tiny", action="store_true", help="tiny model on the CPU")
     parser.add_argument("--out", default="bench/gpu_smoke.json")
     args = parser.parse_args()
-
-    from megatron_seed.models.parallel import init_parallel
-    from megatron_seed.models.qwen import QwenSpec, build_gpt_model, te_available
-
     if not torch.cuda.is_available() and not args.cpu_tiny:
         print("no CUDA GPU here; use --cpu-tiny for a dry run", file=sys.stderr)
         return 2
     if args.cpu_tiny:
-        args.seq, args.mbs, args.steps = min(args.seq, 64), min(args.mbs, 2), min(args.steps, 2)
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    init_parallel(1, 1)
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
-    spec = QwenSpec.from_hf_config(TINY if args.cpu_tiny else QWEN25_1_5B)
-    precision = "bf16" if device.type == "cuda" else "fp32"
-    te = te_available() and device.type == "cuda"
+        args.seq, args.steps, args.parity_seq = min(args.seq, 128), min(args.steps, 2), 32
+
+    from megatron_seed.models.parallel import init_parallel
+    from megatron_seed.models.qwen import te_available
+    from megatron_seed.testbed.tokenizer import build_tokenizer
+
+    init_parallel(1, 1, device="cuda" if not args.cpu_tiny else "cpu")
+    on_gpu = torch.cuda.is_available()
     results: dict = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "torch": torch.__version__,
-        "transformer_engine": te,
-        "params": spec.num_params,
+        "megatron_core": __import__("importlib.metadata").metadata.version("megatron-core"),
+        "transformer_engine": te_available() and on_gpu,
         "seq": args.seq,
-        "micro_batch": args.mbs,
+        "rows": args.rows,
     }
-    t0 = time.perf_counter()
-    model = build_gpt_model(spec, precision=precision)
-    results["build_seconds"] = time.perf_counter() - t0
-    fpt = flops_per_token(spec, args.seq)
-    r = time_train_steps(model, spec, args.seq, args.mbs, args.steps, device)
-    r["mfu"] = r["tokens_per_s"] * fpt / (args.peak_tflops * 1e12)
-    results[precision] = r
-    if device.type == "cuda":
-        results["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    del model
-    if te:
-        model = build_gpt_model(spec, precision="bf16", fp8_recipe="delayed")
-        r8 = time_train_steps(model, spec, args.seq, args.mbs, args.steps, device)
-        r8["mfu_vs_bf16_peak"] = r8["tokens_per_s"] * fpt / (args.peak_tflops * 1e12)
-        results["fp8_te"] = r8
-    else:
-        results["fp8_torch_native"] = fp8_matmul_bench(spec, args.seq * args.mbs, device)
-    print(json.dumps(results, indent=2))
+    corpus = ["go to the fridge and open it", "take the mug from the desk"] * 20
+    tokenizer = build_tokenizer(corpus, vocab_size=300)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = make_model(args, Path(tmp))
+        from megatron_seed.models.qwen import QwenSpec
+
+        spec = QwenSpec.from_pretrained(hf_dir)
+        results["model"] = {"path": args.model or "random", "params": spec.num_params}
+        modes = [("bf16" if on_gpu else "fp32", None)]
+        if results["transformer_engine"] and args.fp8_recipe != "none":
+            modes.append(("bf16", args.fp8_recipe))
+        results["modes"] = {}
+        for precision, recipe in modes:
+            name = precision + (f"+fp8-{recipe}" if recipe else "")
+            print(f"smoke: {name} ...", flush=True)
+            results["modes"][name] = run_mode(args, hf_dir, tokenizer, precision, recipe)
+        if on_gpu and not results["transformer_engine"]:  # FP8 GEMMs without TE, for scale
+            tokens = args.rows * args.seq
+            results["fp8_torch_native"] = fp8_matmul_bench(spec, tokens, torch.device("cuda"))
+    text = json.dumps(results, indent=2)
+    print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.write_text(text + "\n")
     return 0
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     sys.exit(main())

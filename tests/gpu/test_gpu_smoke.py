@@ -25,12 +25,25 @@ def _run(tmp_path, *args):
 
 
 def test_cpu_dry_run(tmp_path):
+    """The whole script on a tiny model: parity with transformers, a finite SEED update, an
+    exact resume, and the trainer's memory equal to the launcher's static model."""
     result = _run(tmp_path, "--cpu-tiny")
-    assert result["fp32"]["logprobs_finite"] and result["fp32"]["tokens_per_s"] > 0
+    (mode,) = result["modes"].values()
+    assert mode["parity"]["max_abs_diff"] < 1e-4
+    assert mode["finite"] and mode["train_tokens_per_s"] > 0
+    assert mode["resume"]["abs_diff"] == 0.0
+    # float32 on the CPU: 4 (weights) + 4 (grads) + 8 (Adam) + 4 (reference) bytes per
+    # parameter, the model's 2 + 4 + 12 + 2 of mixed precision
+    assert abs(mode["memory"]["held_over_model_static"] - 1.0) < 0.01
+    assert mode["batch"]["seq"] >= 128  # about --seq tokens per sequence
 
 
 @pytest.mark.gpu
 def test_gpu_smoke(tmp_path):
-    result = _run(tmp_path, "--steps", "3", "--seq", "1024", "--mbs", "2")
-    assert result["bf16"]["logprobs_finite"]
-    assert 0.0 < result["bf16"]["mfu"] < 1.0
+    result = _run(tmp_path, "--steps", "3", "--seq", "1024")
+    for name, mode in result["modes"].items():
+        assert mode["finite"], name
+        assert mode["parity"]["mean_abs_diff"] < 0.05, (name, mode["parity"])
+        assert 0.0 < mode["mfu"] < 1.0, name
+        assert mode["memory"]["peak_over_model_total"] <= 1.0, (name, mode["memory"])
+        assert mode["resume"]["abs_diff"] <= 1e-3 * max(1.0, abs(mode["resume"]["loss_continued"]))
