@@ -184,7 +184,29 @@ class FleetConfig(_Checked):
     # KV cache per engine on CPU (on GPUs vLLM sizes it from free memory)
     kv_cache_bytes: int = _range(1 << 30, 1)
     sync_bucket_bytes: int = _range(64 << 20, 1)  # weight-sync bucket size
-    transport: Literal["ray", "cuda_ipc", "nccl"] = "ray"  # weight transport (GPU: ipc/nccl)
+    # vLLM weight-transfer backend (rollout/transfer.py): "objstore" (Ray's object store,
+    # any device), "ipc" (engines colocated on the trainer's GPUs), "nccl" (other GPUs)
+    transport: Literal["objstore", "ipc", "nccl"] = "objstore"
+    # a sync call with no progress for this long fails: the engine is restarted (objstore,
+    # ipc) or the sync raises naming it (nccl)
+    sync_timeout_s: float = _range(60.0, 0.0, open_lo=True)
+    # the last synced weights a restarted engine loads: "memory" (Ray's object store, in
+    # the engines' dtype), "disk" (safetensors under OUT/replay), "off" (the checkpoint)
+    replay: Literal["memory", "disk", "off"] = "memory"
+    # GPU only: the share of each engine GPU vLLM takes (weights + KV cache; on the CPU the
+    # KV cache is kv_cache_bytes)
+    gpu_memory_utilization: float = _range(0.85, 0.0, 1.0, open_lo=True)
+    # GPU only: engines share the trainer's GPUs, sleeping while it trains (transport "ipc")
+    colocate: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.colocate and self.transport != "ipc":
+            raise ConfigError(
+                "fleet.colocate puts the engines on the trainer's GPUs: fleet.transport must "
+                f"be 'ipc', got {self.transport!r}"
+            )
+
     max_restarts: int = _range(2, 0)  # restarts per engine slot over the fleet's life
     # after every sync the trainer and each engine score this many fixed probe tokens; an
     # engine whose mean |Δ log-prob| exceeds the threshold of the trainer's precision fails

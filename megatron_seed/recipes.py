@@ -90,7 +90,12 @@ GPU_TRAINER = {"distributed_optimizer": True, "recompute": "full", "device": "cu
 
 
 def _parallel(**changes: object) -> SeedConfig:
-    return SeedConfig(parallel=dataclasses.replace(ParallelConfig(), **{**GPU_TRAINER, **changes}))
+    """A GPU recipe's config: the GPU trainer, and engines on their own GPUs that take the
+    weights over NCCL."""
+    return SeedConfig(
+        parallel=dataclasses.replace(ParallelConfig(), **{**GPU_TRAINER, **changes}),
+        fleet=FleetConfig(transport="nccl"),
+    )
 
 
 def _engine_tp(config: SeedConfig, tp: int) -> SeedConfig:

@@ -347,7 +347,8 @@ class _LocalStageToHF:
         return self._parts.pop(hf_name)
 
 
-def _hf_shape(spec: QwenSpec, name: str) -> tuple[int, ...]:
+def hf_shape(spec: QwenSpec, name: str) -> tuple[int, ...]:
+    """The shape of HF tensor `name` of a model of this spec."""
     h, f, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
     q, kv = spec.num_heads * d, spec.num_kv_heads * d
     table = {
@@ -404,7 +405,7 @@ def export_hf_weights(
                 tensor = local.get(name).contiguous()
             else:
                 ref = local.any_param()
-                tensor = torch.empty(_hf_shape(spec, name), dtype=ref.dtype, device=ref.device)
+                tensor = torch.empty(hf_shape(spec, name), dtype=ref.dtype, device=ref.device)
             torch.distributed.broadcast(tensor, src=pp_ranks[owner], group=pp_group)
         yield name, (tensor.to(dtype) if dtype is not None else tensor)
 

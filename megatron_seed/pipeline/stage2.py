@@ -115,6 +115,7 @@ class RolloutSide:
             fleet_address=job.fleet_address,
             pool=pool,
             ray_address=job.ray_address,
+            replay_dir=str(Path(job.out_dir) / "replay"),
         )
         self.log = MetricsLog(job.out_dir)
         self.sampler = TaskSampler(job.games, job.cfg.seed)
@@ -156,19 +157,55 @@ class Run:
 
 
 def sync(run: Run) -> dict[str, float]:
-    """Stream theta into every engine (a collective over trainer ranks; rank 0 sends), then
-    verify the refit on the probe."""
-    stream = run.trainer.export_weights(dtype=torch.float32)
+    """Stream theta into every engine through vLLM's weight-transfer API (a collective over
+    trainer ranks; rank 0 drives the fleet, `transfer.follow_sync` on the others), in the
+    engines' dtype, then verify the refit on the probe."""
+    from megatron_seed.rollout.session import fleet_dtype
+    from megatron_seed.rollout.transfer import export_meta, follow_sync
+
+    fleet = run.cfg.fleet
+    dtype = getattr(torch, fleet_dtype(run.cfg))
+    stream = run.trainer.export_weights()  # on the trainer's device; cast as it is sent
     metrics: dict[str, float] = {}
     if run.side.session is None:
-        for _ in stream:
-            pass
+        follow_sync(stream, fleet.transport, _rank(), dtype)
     else:
+        meta = export_meta(run.trainer.spec, dtype) if fleet.transport == "nccl" else None
         stats = run.side.session.fleet.update_weights(
-            ((k, v.cpu()) for k, v in stream), bucket_bytes=run.cfg.fleet.sync_bucket_bytes
+            stream, bucket_bytes=fleet.sync_bucket_bytes, meta=meta
         )
         metrics = {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds}
     return {**metrics, **verify_refit(run)}
+
+
+def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dict[str, float]:
+    """The `train` then `sync` phases. With colocated engines (`fleet.colocate`) the GPUs
+    change hands around them: engines sleep -> train -> engines wake their weights -> sync
+    -> the trainer frees its cached activations -> engines wake their KV cache."""
+    fleet = run.side.session.fleet if run.side.session is not None else None
+    colocate = run.cfg.fleet.colocate
+    metrics: dict[str, float] = {}
+    if colocate:
+        if fleet is not None:
+            fleet.sleep()
+        _barrier()  # no rank allocates before every engine has let its GPU go
+    with timer.time("train"):
+        metrics.update(train(run, records))
+    if colocate and fleet is not None:
+        fleet.wake(["weights"])
+    with timer.time("sync"):
+        metrics.update(sync(run))
+    if colocate:
+        run.trainer.release_memory()
+        _barrier()
+        if fleet is not None:
+            fleet.wake(["kv_cache"])
+    return metrics
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def verify_refit(run: Run) -> dict[str, float]:
@@ -309,10 +346,7 @@ def update(run: Run) -> dict[str, Any]:
         path = Path(run.job.out_dir) / "trajectories" / f"update_{run.step:05d}.jsonl"
         write_jsonl(records, path)
     records = _broadcast(records)
-    with timer.time("train"):
-        metrics.update(train(run, records))
-    with timer.time("sync"):
-        metrics.update(sync(run))
+    metrics.update(train_and_sync(run, records, timer))
     run.need_sync = False
     if run.job.eval_every and run.step % run.job.eval_every == 0:
         with timer.time("evaluate"):
@@ -406,6 +440,11 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     if _rank() == 0:
         (out / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
+    side: RolloutSide | NoRollout = NoRollout()
+    if cfg.fleet.colocate:  # engines size their GPU share before the trainer allocates
+        if _rank() == 0:
+            side = RolloutSide(job, tokenizer, fleet, pool)
+        _barrier()
     start = time.perf_counter()
     trainer = SeedTrainer(cfg, job.model_dir)
     resumed = latest_checkpoint(out / "checkpoints")
@@ -416,9 +455,10 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
         f"{where}: trainer built in {took:.1f} s" + (f", resumed {resumed}" if resumed else ""),
         flush=True,
     )
-    side: RolloutSide | NoRollout = NoRollout()
     if _rank() == 0:
-        side = RolloutSide(job, tokenizer, fleet, pool)
+        if not cfg.fleet.colocate:
+            side = RolloutSide(job, tokenizer, fleet, pool)
+        assert isinstance(side, RolloutSide)
         side.log.truncate_after(trainer.state.step)
         (out / "trajectories").mkdir(parents=True, exist_ok=True)
         cfg.save(out / "config.json")

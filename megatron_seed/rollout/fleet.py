@@ -9,21 +9,32 @@ Load balancing: `generate` splits the prompts into E contiguous chunks of about 
 one engine and share its prefix cache. Per-request seeds are `spec.seed + global prompt
 index`, so with a seed the samples do not depend on which engine served a prompt.
 
-Weight sync: `update_weights` consumes the (name, tensor) stream once, in buckets of about
-`bucket_bytes` (`weight_sync.iter_buckets`), puts each bucket in the object store once and
-every engine loads it (at most `max_inflight` buckets in flight). A `_FleetState` actor also
-keeps a copy of the last synced weights (one model copy in host memory) and the current
-engine handles, so that
-  * a restarted engine loads the LAST synced weights (replayed bucket by bucket), not the
-    original checkpoint, even when the sync came from another process, and
-  * a trainer process (e.g. Megatron rank 0 under torchrun) can reach the fleet with
-    `Fleet.connect(fleet.address)` after `ray.init(address=...)` and stream its export in.
+Weight sync (`update_weights`) goes through vLLM's weight-transfer API (`rollout.transfer`):
+the fleet is the `VLLMWeightSyncClient` that vLLM's trainer-side engine drives (start ->
+chunks -> finish on every engine), with backend `transport`: "objstore" (any device; each
+bucket of about `bucket_bytes` put in Ray's object store once and read by every engine),
+"ipc" (engines colocated on the trainer's GPUs) or "nccl" (engines on other GPUs; the
+group is built at the first sync and rebuilt, on a new port, after any engine restart).
+Weights travel in the engines' dtype. Every call has a deadline (`sync_timeout_s`): an
+engine that dies, stalls or fails to load (vLLM leaves a half-reloaded model behind) is
+dropped from the sync and restarted after it; with "nccl", whose broadcast needs every
+engine, the sync raises `WeightSyncError` naming the engine instead of hanging.
 
-Failures: an engine actor that dies (or exceeds `request_timeout_s`) during `generate`,
-`prompt_logprobs` or `update_weights` is killed, restarted from the original checkpoint
-plus the last synced weights, and its share of the work rerun. Each engine slot may be
-restarted `max_restarts` times over the fleet's life; one more failure raises
-`FleetError`. Only the owning `Fleet` restarts engines; a connected client raises.
+The replay copy: as the weights pass, they are also kept (`replay`: "memory", in Ray's
+object store, held by a `_FleetState` actor; "disk", safetensors files under
+`replay_dir`; "off") so that a restarted engine loads the LAST synced weights, bucket by
+bucket, not the original checkpoint, even when the sync came from another process. The
+state actor also holds the current engine handles: a trainer process (Megatron rank 0
+under torchrun) reaches the fleet with `Fleet.connect(fleet.address)`.
+
+Placement: an engine that reserves GPUs gets its own placement group of `engine_tp`
+one-GPU bundles (`STRICT_PACK`: never across nodes); vLLM's TP workers use its bundles.
+
+Failures: an engine actor that dies (or exceeds `request_timeout_s`) during `generate` or
+`prompt_logprobs` is killed, restarted from the original checkpoint plus the replay copy,
+and its share of the work rerun. Each engine slot may be restarted `max_restarts` times
+over the fleet's life; one more failure raises `FleetError`. Only the owning `Fleet`
+restarts engines; a connected client raises.
 """
 
 from __future__ import annotations
@@ -31,10 +42,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,8 +57,7 @@ from megatron_seed.rollout.engine import Generation, SamplingSpec
 from megatron_seed.rollout.weight_sync import (
     FlatBucket,
     flatten_bucket,
-    iter_buckets,
-    make_transport,
+    fusion_key,
     tensor_bytes,
     unflatten_bucket,
 )
@@ -56,6 +68,10 @@ NAMESPACE = "megatron_seed"
 
 class FleetError(RuntimeError):
     """An engine kept failing (beyond max_restarts) or the fleet is misused."""
+
+
+class WeightSyncError(FleetError):
+    """A weight sync that could not finish (an engine the transfer needs died or stalled)."""
 
 
 @dataclass
@@ -109,24 +125,32 @@ class _EngineActor:
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         return self.engine.prompt_logprobs(sequences)
 
-    def load_bucket(self, bucket: FlatBucket) -> int:
+    def load_bucket(self, bucket: FlatBucket | str) -> int:
+        """Load one replayed bucket (a flat bucket, or a safetensors file of one)."""
+        if isinstance(bucket, str):
+            from safetensors.torch import load_file
+
+            return self.engine.update_weights(load_file(bucket).items())
         return self.engine.update_weights(unflatten_bucket(bucket))
 
-    def load_bucket_ipc(self, meta: FlatBucket, rebuild: Any, args: tuple) -> int:
-        from megatron_seed.rollout.weight_sync import receive_ipc
+    # vLLM's weight-transfer calls (what `VLLMWeightSyncClient` fans out)
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.engine.init_transfer(init_info)
 
-        return self.engine.update_weights(receive_ipc(meta, rebuild, args))
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.engine.shutdown_transfer()
 
-    def init_weight_group(self, host: str, port: int, rank: int, world_size: int) -> None:
-        self.engine.llm.collective_rpc(
-            "seed_init_weight_group", args=(host, port, rank, world_size)
-        )
+    def start_weight_update(self) -> None:
+        self.engine.start_weight_update()
 
-    def load_bucket_nccl(self, meta: FlatBucket, nbytes: int) -> int:
-        counts = self.engine.llm.collective_rpc("seed_receive_nccl", args=(meta, nbytes))
-        if not self.engine.llm.reset_prefix_cache():
-            raise RuntimeError("could not reset the prefix cache after a weight update")
-        return int(counts[0])
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.engine.receive(update_info)
+
+    def finish_weight_update(self) -> None:
+        self.engine.finish_weight_update()
+
+    def weights_dtype(self) -> str:
+        return self.engine.weights_dtype()
 
     def weight_checksum(self) -> float:
         return self.engine.weight_checksum()
@@ -140,16 +164,33 @@ class _EngineActor:
     def resume(self) -> None:
         self.engine.resume()
 
+    def sleep(self, level: int = 1) -> None:
+        self.engine.sleep(level)
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        self.engine.wake(tags)
+
+
+@dataclass
+class _Kept:
+    """One bucket of the replay copy: its names, and the bytes (memory) or a file (disk)."""
+
+    names: list[str]
+    bucket: FlatBucket | None = None
+    path: str | None = None
+
 
 class _FleetState:
-    """The fleet's registry (current engine handles) and its copy of the last synced weights."""
+    """The fleet's registry (current engine handles) and its replay copy of the last synced
+    weights, bucket by bucket."""
 
     def __init__(self) -> None:
         self.engines: list[Any] = []
-        self.buckets: list[FlatBucket] = []  # replay order: older (partially overridden) first
-        self._staged: list[FlatBucket] = []
+        self.kept: list[_Kept] = []  # replay order: older (partially overridden) first
+        self._staged: list[_Kept] = []
         self._refs: list[Any] | None = None
         self.syncs = 0
+        self.dtype: str | None = None
 
     def set_engines(self, engines: list[Any]) -> None:
         self.engines = engines
@@ -160,36 +201,219 @@ class _FleetState:
     def get_engines(self) -> list[Any]:
         return self.engines
 
-    def stage(self, bucket: FlatBucket) -> int:
-        # Own the bytes: the object-store buffer belongs to the (possibly short-lived) sender.
-        self._staged.append(
-            FlatBucket(
-                bucket.names,
-                bucket.dtypes,
-                bucket.shapes,
-                bucket.offsets,
-                np.array(bucket.data, copy=True),
-            )
-        )
-        return len(self._staged)
-
-    def commit(self) -> int:
-        new = {n for b in self._staged for n in b.names}
-        # Keep an older bucket only if the new sync did not overwrite all of its tensors.
-        self.buckets = [b for b in self.buckets if not set(b.names) <= new] + self._staged
-        self._staged, self._refs = [], None
-        self.syncs += 1
+    def syncs_done(self) -> int:
         return self.syncs
 
-    def abort(self) -> None:
+    def stage(self, bucket: FlatBucket) -> int:
+        """Keep one bucket's bytes ("memory"); the sender's object may not outlive it."""
+        data = np.array(bucket.data, copy=True)
+        flat = FlatBucket(bucket.names, bucket.dtypes, bucket.shapes, bucket.offsets, data)
+        self._staged.append(_Kept(bucket.names, bucket=flat))
+        return len(self._staged)
+
+    def stage_file(self, names: list[str], path: str) -> int:
+        """Keep one bucket written to disk ("disk")."""
+        self._staged.append(_Kept(names, path=path))
+        return len(self._staged)
+
+    def commit(self) -> list[str]:
+        """The staged sync becomes the replay copy; returns the files no longer needed."""
+        new = {n for b in self._staged for n in b.names}
+        # Keep an older bucket only if the new sync did not overwrite all of its tensors.
+        dropped = [b for b in self.kept if set(b.names) <= new]
+        self.kept = [b for b in self.kept if not set(b.names) <= new] + self._staged
+        self._staged, self._refs = [], None
+        self.syncs += 1
+        return [b.path for b in dropped if b.path]
+
+    def abort(self) -> list[str]:
+        """Forget a failed sync's staged buckets; returns their files."""
+        files = [b.path for b in self._staged if b.path]
         self._staged = []
+        return files
 
     def synced_refs(self) -> list[Any]:
+        """What a restarted engine loads, in order: object refs of buckets, or file paths."""
         import ray
 
         if self._refs is None:
-            self._refs = [ray.put(b) for b in self.buckets]
+            self._refs = [ray.put(b.bucket) if b.bucket is not None else b.path for b in self.kept]
         return self._refs
+
+
+class _Replay:
+    """The sender's side of the replay copy: tensors teed from a sync, grouped like
+    `weight_sync.iter_buckets` (fused modules never split: a bucket is one reload call)
+    and handed to the state actor ("memory") or written as safetensors ("disk")."""
+
+    def __init__(self, state: Any, mode: str, folder: str | None, bucket_bytes: int) -> None:
+        if mode not in ("memory", "disk", "off"):
+            raise ValueError(f"replay must be memory, disk or off, got {mode!r}")
+        if mode == "disk" and not folder:
+            raise ValueError("replay='disk' needs a replay_dir")
+        self.state, self.mode, self.bucket_bytes = state, mode, bucket_bytes
+        self.folder = Path(folder, uuid.uuid4().hex[:12]) if mode == "disk" else None
+        self.pending: list[tuple[str, torch.Tensor]] = []
+        self.size, self.last_key, self.count = 0, None, 0
+        self.acks: list[Any] = []
+        self.last_add = time.monotonic()
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Keep one tensor (a host copy) of the sync passing by."""
+        self.last_add = time.monotonic()
+        if self.mode == "off":
+            return
+        key = fusion_key(name)
+        if self.size >= self.bucket_bytes and key != self.last_key:
+            self.flush()
+        self.pending.append((name, tensor.detach().to("cpu", copy=True)))
+        self.size += tensor_bytes(tensor)
+        self.last_key = key
+
+    def flush(self) -> None:
+        """Hand the open bucket over."""
+        import ray
+
+        if not self.pending:
+            return
+        names = [n for n, _ in self.pending]
+        if self.mode == "memory":
+            self.acks.append(self.state.stage.remote(ray.put(flatten_bucket(self.pending))))
+        else:
+            from safetensors.torch import save_file
+
+            assert self.folder is not None
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = self.folder / f"bucket_{self.count:05d}.safetensors"
+            save_file({n: t.contiguous() for n, t in self.pending}, str(path))
+            self.acks.append(self.state.stage_file.remote(names, str(path)))
+        self.pending, self.size, self.count = [], 0, self.count + 1
+
+    def commit(self) -> None:
+        """The sync finished: it becomes the replay copy (older overridden files deleted)."""
+        import ray
+
+        self.flush()
+        ray.get(self.acks)
+        _remove(ray.get(self.state.commit.remote()))
+
+    def abort(self) -> None:
+        """The sync failed: the previous replay copy stays."""
+        import ray
+
+        self.pending = []
+        with contextlib.suppress(Exception):
+            ray.get(self.acks)
+        _remove(ray.get(self.state.abort.remote()))
+
+
+def _remove(files: list[str]) -> None:
+    for f in files:
+        with contextlib.suppress(OSError):
+            os.remove(f)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(f))  # the sync's folder, once empty
+
+
+class _SyncClient:
+    """vLLM's `VLLMWeightSyncClient` over the fleet's engine actors, with deadlines.
+
+    Every call fans out to the engines still in the sync; `update_weights` calls are
+    pipelined (at most `max_inflight` outstanding per engine; Ray runs an actor's calls in
+    order). An engine that dies, misses the deadline or fails to load is recorded in
+    `lost` and left out of the rest of the sync, unless `needs_all` (NCCL: a broadcast
+    needs every rank), where it raises `WeightSyncError` naming it."""
+
+    def __init__(
+        self, engines: list[Any], timeout_s: float, needs_all: bool, max_inflight: int = 2
+    ) -> None:
+        self.engines = engines
+        self.timeout_s = timeout_s
+        self.needs_all = needs_all
+        self.max_inflight = max_inflight
+        self.lost: dict[int, str] = {}
+        self.pending: list[dict[int, Any]] = []
+        self.last_progress = time.monotonic()
+
+    def _fan(self, method: str, *args: Any) -> dict[int, Any]:
+        return {
+            i: getattr(e, method).remote(*args)
+            for i, e in enumerate(self.engines)
+            if i not in self.lost
+        }
+
+    def _settle(self, refs: dict[int, Any]) -> None:
+        import ray
+        import ray.exceptions as rex
+
+        deadline = time.monotonic() + self.timeout_s
+        for i, ref in refs.items():
+            if i in self.lost:
+                continue
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except rex.GetTimeoutError:
+                self._lose(i, f"stalled: no answer within {self.timeout_s:g} s")
+            except rex.RayActorError as exc:
+                self._lose(i, f"died during the weight sync ({type(exc).__name__})")
+            except Exception as exc:  # a failed reload leaves a broken model: fatal for it
+                self._lose(i, f"failed to load the weights: {str(exc).splitlines()[-1][:300]}")
+            else:
+                self.last_progress = time.monotonic()
+
+    def _lose(self, index: int, reason: str) -> None:
+        self.lost[index] = reason
+        if self.needs_all:
+            raise WeightSyncError(f"weight sync failed: engine {index} {reason}")
+
+    def _drain(self) -> None:
+        while self.pending:
+            self._settle(self.pending.pop(0))
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._settle(self._fan("init_weight_transfer_engine", init_info))
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._settle(self._fan("shutdown_weight_transfer_engine"))
+
+    def start_weight_update(self) -> None:
+        self._settle(self._fan("start_weight_update"))
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        if isinstance(update_info, list):
+            raise FleetError("per-rank update infos are not used by this fleet")
+        self.pending.append(self._fan("update_weights", update_info))
+        if len(self.pending) > self.max_inflight:
+            self._settle(self.pending.pop(0))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._drain()
+        self._settle(self._fan("finish_weight_update"))
+
+
+def _watched(fn: Any, progress: Any, timeout_s: float, what: str) -> None:
+    """Run `fn()` in a thread; raise `WeightSyncError` once `progress()` (the monotonic
+    time of the last sign of life) is older than `timeout_s`. A transfer stuck in a
+    collective cannot be interrupted: its (daemon) thread is left behind."""
+    box: dict[str, BaseException] = {}
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+
+    def target() -> None:
+        if device is not None:
+            torch.cuda.set_device(device)
+        try:
+            fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="weight-sync", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(timeout=min(1.0, timeout_s))
+        if thread.is_alive() and time.monotonic() - progress() > timeout_s:
+            raise WeightSyncError(f"weight sync stalled: {what} for {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
 
 
 # ------------------------------------------------------------------ driver side
@@ -241,33 +465,51 @@ class Fleet:
         threads_per_engine: int = 1,
         num_cpus_per_engine: float = 0.0,
         num_gpus_per_engine: float = 0.0,
-        transport: str = "ray",
-        transport_kwargs: dict | None = None,
+        transport: str = "objstore",
+        sync_timeout_s: float = 60.0,
+        replay: str = "memory",
+        replay_dir: str | None = None,
         max_inflight: int = 2,
         name: str | None = None,
         start_timeout_s: float = 600.0,
+        actor_cls: type | None = None,
     ) -> None:
         import ray
+
+        from megatron_seed.rollout.transfer import vllm_backend
 
         if not ray.is_initialized():
             raise FleetError("Fleet needs a running Ray: call ray.init() first")
         if num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
-        if max_restarts < 0 or request_timeout_s <= 0 or max_inflight < 1:
-            raise ValueError("max_restarts >= 0, request_timeout_s > 0, max_inflight >= 1 required")
+        if max_restarts < 0 or request_timeout_s <= 0 or max_inflight < 1 or sync_timeout_s <= 0:
+            raise ValueError(
+                "max_restarts >= 0, request_timeout_s > 0, sync_timeout_s > 0 and "
+                "max_inflight >= 1 required"
+            )
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise FileNotFoundError(f"no config.json in model dir {model_dir!r}")
+        vllm_backend(transport)  # fail early on a name vLLM would reject at the first sync
+        _Replay(None, replay, replay_dir, 1)  # the same for the replay options
         self.model_dir = str(model_dir)
-        self.engine_kwargs = dict(engine_kwargs or {})
+        self.engine_kwargs = {**(engine_kwargs or {}), "weight_transfer": transport}
+        self.engine_tp = int(self.engine_kwargs.get("tensor_parallel_size", 1))
         self.max_restarts = max_restarts
         self.request_timeout_s = request_timeout_s
         self.start_timeout_s = start_timeout_s
         self.threads_per_engine = threads_per_engine
         self._resources = dict(num_cpus=num_cpus_per_engine, num_gpus=num_gpus_per_engine)
-        self.transport = make_transport(transport, **(transport_kwargs or {}))
-        self.max_inflight = max_inflight
+        self.transport, self.sync_timeout_s, self.max_inflight = (
+            transport,
+            sync_timeout_s,
+            max_inflight,
+        )
+        self.replay, self.replay_dir = replay, replay_dir
         self.name = name or f"fleet-{uuid.uuid4().hex[:8]}"
         self.restarts = [0] * num_engines
+        self._actor_cls = actor_cls or _EngineActor
+        self._groups: list[Any] = [None] * num_engines  # placement groups
+        self._nccl: Any = None  # vLLM's NCCL sender, once its group is formed
         self._owner = True
         self._closed = False
         self._state = (
@@ -280,6 +522,7 @@ class Fleet:
         ray.get(self._state.set_engines.remote(self._engines))
         # (node name, Ray node id) of every engine: logged, and checked when one dies
         self._nodes = ray.get([e.node.remote() for e in self._engines])
+        self._dtype: str | None = None
 
     def placement(self) -> list[str]:
         """The node each engine runs on (Slurm's node name, else the host name)."""
@@ -300,11 +543,17 @@ class Fleet:
         return FleetAddress(self.name, NAMESPACE, ray.get_runtime_context().gcs_address)
 
     @classmethod
-    def connect(cls, address: FleetAddress) -> Fleet:
+    def connect(
+        cls,
+        address: FleetAddress,
+        transport: str = "objstore",
+        replay: str = "memory",
+        replay_dir: str | None = None,
+    ) -> Fleet:
         """A client of an existing fleet (this process must have called `ray.init(address=...)`).
 
-        The client syncs weights, generates and scores; it never restarts engines and
-        `close()` does not stop them.
+        The client syncs weights (with the fleet's `transport` and `replay`), generates and
+        scores; it never restarts engines and `close()` does not stop them.
         """
         import ray
 
@@ -321,8 +570,9 @@ class Fleet:
         self._nodes = ray.get([e.node.remote() for e in self._engines])
         self._owner, self._closed = False, False
         self.max_restarts, self.restarts = 0, [0] * len(self._engines)
-        self.request_timeout_s, self.max_inflight = 600.0, 2
-        self.transport = make_transport("ray")
+        self.request_timeout_s, self.max_inflight, self.sync_timeout_s = 600.0, 2, 60.0
+        self.transport, self.replay, self.replay_dir = transport, replay, replay_dir
+        self._groups, self._nccl, self._dtype = [None] * len(self._engines), None, None
         return self
 
     def _start_engine(self, index: int) -> Any:
@@ -337,12 +587,51 @@ class Fleet:
             "MKL_NUM_THREADS": str(self.threads_per_engine),
             "TOKENIZERS_PARALLELISM": "false",
         }
-        actor_cls = ray.remote(_EngineActor)
-        return actor_cls.options(
+        options: dict[str, Any] = dict(
             max_restarts=0,  # restarts are ours: Ray's would reload the original checkpoint
             runtime_env={"env_vars": env},
             **self._resources,
-        ).remote(self.model_dir, kwargs, self.threads_per_engine)
+        )
+        if self._resources["num_gpus"]:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            group = self._placement_group(index)
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=group,
+                placement_group_bundle_index=0,
+                placement_group_capture_child_tasks=True,  # vLLM's TP workers land in it
+            )
+            # TP=1: the engine is its own worker on bundle 0's GPU; TP>1: vLLM's Ray
+            # workers take the bundles' GPUs and the actor itself none
+            per_gpu = self._resources["num_gpus"] / self.engine_tp
+            options["num_gpus"] = per_gpu if self.engine_tp == 1 else 0
+        actor_cls = ray.remote(self._actor_cls)
+        return actor_cls.options(**options).remote(self.model_dir, kwargs, self.threads_per_engine)
+
+    def _placement_group(self, index: int) -> Any:
+        """Engine `index`'s placement group: `engine_tp` one-GPU bundles on one node (made
+        once; a restarted engine returns to it, and Ray moves it if its node is lost)."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        if self._groups[index] is None:
+            per_gpu = self._resources["num_gpus"] / self.engine_tp
+            bundle = {"GPU": per_gpu, **({"CPU": c} if (c := self._resources["num_cpus"]) else {})}
+            group = placement_group(
+                [dict(bundle) for _ in range(self.engine_tp)],
+                strategy="STRICT_PACK",
+                name=f"{self.name}-engine-{index}",
+            )
+            try:
+                ray.get(group.ready(), timeout=self.start_timeout_s)
+            except Exception as exc:
+                ray.util.remove_placement_group(group)
+                raise FleetError(
+                    f"engine {index}: no node has {self.engine_tp} x {per_gpu:g} free GPUs "
+                    f"(placement group not ready in {self.start_timeout_s:g} s: {exc})"
+                ) from exc
+            self._groups[index] = group
+        return self._groups[index]
 
     def _wait_ready(self, indices: list[int]) -> None:
         import ray
@@ -375,7 +664,12 @@ class Fleet:
         self._engines[index] = self._start_engine(index)
         self._wait_ready([index])
         self._nodes[index] = ray.get(self._engines[index].node.remote())
+        self._nccl = None  # the NCCL group lost a member: rebuilt (new port) at the next sync
         refs = ray.get(self._state.synced_refs.remote())
+        if not refs and ray.get(self._state.syncs_done.remote()) and self.replay == "off":
+            log.warning(
+                "engine %d restarted from %s: the replay copy is off", index, self.model_dir
+            )
         # Replay the last synced weights, bucket by bucket, before any work is resubmitted.
         ray.get(
             [self._engines[index].load_bucket.remote(r) for r in refs], timeout=self.start_timeout_s
@@ -417,6 +711,10 @@ class Fleet:
         for actor in [*self._engines, self._state]:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
+        for group in self._groups:
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    ray.util.remove_placement_group(group)
 
     # ------------------------------------------------------------------ fan-out with recovery
 
@@ -500,76 +798,98 @@ class Fleet:
         ckpt = HFCheckpoint(model_dir)
         return self.update_weights((name, ckpt.get(name)) for name in ckpt.names())
 
-    def update_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 64 << 20
-    ) -> SyncStats:
-        """Stream (HF name, full tensor) into every engine, in buckets; no disk round-trip.
-
-        The stream is consumed once. Engines that die during the sync are restarted after
-        it and load the synced weights from the fleet's copy.
-        """
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype the engines hold their weights in (what a sync sends)."""
         import ray
 
+        if self._dtype is None:
+            self._dtype = ray.get(self._engines[0].weights_dtype.remote())
+        return getattr(torch, self._dtype)
+
+    def update_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        bucket_bytes: int = 64 << 20,
+        meta: list[Any] | None = None,
+    ) -> SyncStats:
+        """Stream (HF name, full tensor) into every engine through vLLM's weight-transfer
+        API (module docstring), in the engines' dtype; the stream is consumed once.
+
+        `meta` (vLLM `ParamMeta`s in stream order) is needed by "nccl" only. Engines lost
+        during the sync are restarted after it from the replay copy it just wrote."""
+        from megatron_seed.rollout.transfer import ExportSource
+
         start = time.perf_counter()
-        engines = list(self._engines)
-        inflight: list[list[Any]] = []
-        dead: dict[int, str] = {}
-        total = buckets = tensors = 0
         restarts_before = sum(self.restarts)
+        replay = _Replay(self._state, self.replay, self.replay_dir, bucket_bytes)
+        source = ExportSource(weights, meta, dtype=self.weights_dtype, tee=replay.add)
+        client = _SyncClient(
+            list(self._engines), self.sync_timeout_s, self.transport == "nccl", self.max_inflight
+        )
 
-        def settle(acks: list[Any]) -> None:
-            # acks[:E] are the engines', acks[E] the state copy's
-            for e, ack in enumerate(acks[: len(engines)]):
-                if e in dead:
-                    continue
-                try:
-                    ray.get(ack, timeout=self.request_timeout_s)
-                except Exception as exc:
-                    if not _is_death(exc):
-                        raise
-                    dead[e] = f"{type(exc).__name__} during weight sync"
-            ray.get(acks[len(engines) :])
+        def progress() -> float:
+            return max(client.last_progress, replay.last_add)
 
-        try:
-            for bucket in iter_buckets(weights, bucket_bytes):
-                acks = self._send_bucket(bucket, engines, dead)
-                total += sum(tensor_bytes(t) for _, t in bucket)
-                tensors += len(bucket)
-                buckets += 1
-                inflight.append(acks)
-                if len(inflight) >= self.max_inflight:
-                    settle(inflight.pop(0))
-            for acks in inflight:
-                settle(acks)
-        except BaseException:
-            ray.get(self._state.abort.remote())
+        try:  # the client's own deadlines come first; this one catches a stuck sender
+            _watched(
+                lambda: self._sender(client, source, bucket_bytes).send_weights(),
+                progress,
+                2 * self.sync_timeout_s,
+                f"no engine answered and no tensor was sent ({self.transport})",
+            )
+        except BaseException as exc:
+            replay.abort()
+            if self.transport == "nccl":
+                self._nccl = None  # the group is unusable: rebuilt at the next sync
+            if isinstance(exc, WeightSyncError) and self._owner:
+                for e, reason in sorted(client.lost.items()):
+                    with contextlib.suppress(FleetError):
+                        self._restart(e, reason)
             raise
-        ray.get(self._state.commit.remote())
-        for e, reason in sorted(dead.items()):
+        replay.commit()
+        for e, reason in sorted(client.lost.items()):
             self._restart(e, reason)
         return SyncStats(
             seconds=time.perf_counter() - start,
-            bytes=total,
-            buckets=buckets,
-            engines=len(engines),
-            tensors=tensors,
+            bytes=source.bytes,
+            buckets=replay.count,
+            engines=len(self._engines),
+            tensors=source.tensors,
             restarts=sum(self.restarts) - restarts_before,
         )
 
-    def _send_bucket(
-        self, bucket: list[tuple[str, torch.Tensor]], engines: list[Any], dead: dict[int, str]
-    ) -> list[Any]:
-        import ray
+    def _sender(self, client: _SyncClient, source: Any, bucket_bytes: int) -> Any:
+        """vLLM's trainer-side engine for this sync (the NCCL one, and its group, reused)."""
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-        if self.transport.kind == "ray":
-            ref = ray.put(flatten_bucket([(n, t.detach().cpu()) for n, t in bucket]))
-            acks = [
-                e.load_bucket.remote(ref) if i not in dead else ref for i, e in enumerate(engines)
-            ]
+        from megatron_seed.rollout import transfer
+
+        transfer.register()
+        if self.transport == "objstore":
+            info: Any = transfer.ObjectStoreTrainerInitInfo(rank=0, bucket_bytes=bucket_bytes)
+        elif self.transport == "ipc":
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+            info = IPCTrainerInitInfo(rank=0, packed=True)
         else:
-            acks = self.transport.send(bucket, engines)
-            ref = ray.put(flatten_bucket([(n, t.detach().cpu()) for n, t in bucket]))
-        return [*acks, self._state.stage.remote(ref)]
+            if self._nccl is not None:
+                self._nccl.client, self._nccl.source = client, source
+                return self._nccl
+            info = transfer.nccl_init_info(1 + len(self._engines) * self.engine_tp)
+        sender = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+        if self.transport == "nccl":
+            self._nccl = sender
+        return sender
+
+    def sleep(self, level: int = 1) -> None:
+        """Every engine gives its GPU memory to a colocated trainer (weights to host memory,
+        KV cache dropped; needs engines built with `enable_sleep_mode=True`)."""
+        self._run([_Work(e, [0], "sleep", (level,)) for e in range(self.num_engines)])
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Every engine takes back `tags` ("weights" before a sync, "kv_cache" after it)."""
+        self._run([_Work(e, [0], "wake", (tags,)) for e in range(self.num_engines)])
 
     def reseed(self, seed: int) -> None:
         """Engine e restarts its unseeded sampling stream at ``seed + e``: what follows draws

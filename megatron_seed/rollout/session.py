@@ -26,13 +26,31 @@ def engine_kwargs(cfg: SeedConfig, model_dir: str | Path) -> dict[str, Any]:
     """The `VLLMEngine` options of `cfg.fleet` for this model (context capped by the model)."""
     import json
 
+    import torch
+
     hf = json.loads((Path(model_dir) / "config.json").read_text())
     context = min(cfg.fleet.max_model_len, int(hf.get("max_position_embeddings", 1 << 30)))
-    return {
+    kwargs: dict[str, Any] = {
         "max_model_len": context,
-        "kv_cache_bytes": cfg.fleet.kv_cache_bytes,
         "tensor_parallel_size": cfg.fleet.engine_tp,
+        "dtype": fleet_dtype(cfg),
     }
+    if torch.cuda.is_available():  # the KV cache: what the utilisation leaves of each GPU
+        kwargs["gpu_memory_utilization"] = cfg.fleet.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = cfg.fleet.colocate
+    else:
+        kwargs["kv_cache_bytes"] = cfg.fleet.kv_cache_bytes
+    return kwargs
+
+
+def fleet_dtype(cfg: SeedConfig) -> str:
+    """The engines' weight dtype, what every sync sends: the trainer's precision on GPUs
+    (bf16 by default), float32 on the CPU (parity)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "float32"
+    return "bfloat16" if cfg.parallel.precision == "bf16" else "float32"
 
 
 def init_ray(cfg: SeedConfig, address: str | None = None) -> None:
@@ -57,17 +75,22 @@ def init_ray(cfg: SeedConfig, address: str | None = None) -> None:
     ray.init(address=address, **kwargs)
 
 
-def start_fleet(cfg: SeedConfig, model_dir: str | Path) -> Any:
-    """A `Fleet` of `cfg.fleet`'s engines serving `model_dir` (needs `ray.init()`)."""
+def start_fleet(cfg: SeedConfig, model_dir: str | Path, replay_dir: str | None = None) -> Any:
+    """A `Fleet` of `cfg.fleet`'s engines serving `model_dir` (needs `ray.init()`);
+    `replay_dir`: where `fleet.replay="disk"` keeps the last synced weights."""
     from megatron_seed.rollout.fleet import Fleet
 
+    f = cfg.fleet
     return Fleet(
         str(model_dir),
-        cfg.fleet.engines,
+        f.engines,
         engine_kwargs=engine_kwargs(cfg, model_dir),
-        max_restarts=cfg.fleet.max_restarts,
-        num_gpus_per_engine=cfg.fleet.gpus_per_engine,
-        transport=cfg.fleet.transport,
+        max_restarts=f.max_restarts,
+        num_gpus_per_engine=f.gpus_per_engine,
+        transport=f.transport,
+        sync_timeout_s=f.sync_timeout_s,
+        replay=f.replay,
+        replay_dir=replay_dir,
     )
 
 
@@ -87,6 +110,7 @@ class RolloutSession:
     fleet: a running `Fleet` to use (left running); fleet_address: a `Fleet.address` to
     connect to (its engines hold other weights: load or sync before playing); neither:
     start `cfg.fleet`'s engines on `model_dir`. pool: a running `EnvPool` to use.
+    replay_dir: where `fleet.replay="disk"` keeps the last synced weights.
     """
 
     def __init__(
@@ -100,6 +124,7 @@ class RolloutSession:
         fleet_address: Any = None,
         pool: Any = None,
         ray_address: str | None = None,
+        replay_dir: str | None = None,
     ) -> None:
         from envs.workers import EnvPool
 
@@ -115,10 +140,11 @@ class RolloutSession:
         if fleet is None and fleet_address is not None:
             from megatron_seed.rollout.fleet import Fleet
 
-            fleet = Fleet.connect(fleet_address)  # close() leaves its engines running
+            f = cfg.fleet  # close() leaves its engines running
+            fleet = Fleet.connect(fleet_address, f.transport, f.replay, replay_dir)
             self._owned.append(fleet)
         elif fleet is None:
-            fleet = start_fleet(cfg, model_dir)
+            fleet = start_fleet(cfg, model_dir, replay_dir)
             self._owned.append(fleet)
         if pool is None:
             e = cfg.env

@@ -178,6 +178,12 @@ class SeedTrainer:
         if self.model.ddp_config.overlap_param_gather:
             self.model.start_param_sync(force_sync=True)
 
+    def release_memory(self) -> None:
+        """Return the allocator's cached blocks (the last step's activations) to the GPU,
+        for engines that share it (colocated mode)."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def export_weights(self, dtype: torch.dtype | None = None):
         """`export_hf_weights` of the current policy (a collective over all trainer ranks)."""
         from megatron_seed.models.convert import export_hf_weights

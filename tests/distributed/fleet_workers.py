@@ -61,10 +61,3 @@ def trainer_syncs_fleet(
 
         ray.shutdown()
     return {"rank": rank, "rounds": rounds}
-
-
-def ipc_receiver(meta, rebuild, args, queue) -> None:
-    """Child side of the CUDA IPC check: map the parent's bucket and send back CPU copies."""
-    from megatron_seed.rollout.weight_sync import receive_ipc
-
-    queue.put([(n, t.cpu().clone()) for n, t in receive_ipc(meta, rebuild, args)])

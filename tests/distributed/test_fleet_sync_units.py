@@ -1,5 +1,5 @@
-"""Fleet pieces that need no engine: bucketing, flat buckets, transport selection and argument
-checks (the GPU transports refuse to start without CUDA), the synced-weights store, chunking."""
+"""Fleet pieces that need no engine: bucketing, flat buckets, transport names and argument
+checks, the objstore backend in vLLM's factories, the synced-weights store, chunking."""
 
 from __future__ import annotations
 
@@ -86,20 +86,48 @@ def test_flat_bucket_round_trip(dtype):
         assert n == m and u.dtype == t.dtype and torch.equal(u, t)
 
 
-def test_transport_selection_and_gpu_transports_refuse_cpu():
-    assert ws.make_transport("ray").kind == "ray"
-    with pytest.raises(ValueError, match="unknown weight transport"):
-        ws.make_transport("shm")
-    with pytest.raises(TypeError, match="no options"):
-        ws.make_transport("ray", device=0)
-    if torch.cuda.is_available():
-        pytest.skip("CUDA present: the CPU refusal does not apply")
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        ws.make_transport("cuda_ipc")
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        ws.make_transport("nccl", master_address="127.0.0.1", master_port=29500, world_size=3)
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        ws.receive_ipc(ws.FlatBucket([], [], [], [], None), None, ())
+def test_transports_are_vllm_backends_and_objstore_is_registered_in_both_factories():
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    from megatron_seed.rollout import transfer
+
+    assert [transfer.vllm_backend(t) for t in ("objstore", "ipc", "nccl")] == [
+        transfer.OBJSTORE, "ipc", "nccl",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown weight transport 'shm'"):
+        transfer.vllm_backend("shm")
+    transfer.register()
+    transfer.register()  # idempotent
+    assert WeightTransferEngineFactory._registry[transfer.OBJSTORE]() is transfer.ObjectStoreEngine
+    trainer = WeightTransferTrainerFactory._registry[transfer.OBJSTORE]()
+    assert trainer is transfer.ObjectStoreTrainerEngine
+
+
+def test_export_source_casts_tees_and_counts():
+    from megatron_seed.rollout.transfer import ExportSource
+
+    seen = []
+    src = ExportSource(iter(_stream(1)), dtype=torch.bfloat16, tee=lambda n, t: seen.append(n))
+    out = list(src)
+    assert all(t.dtype == torch.bfloat16 for _, t in out) and seen == [n for n, _ in out]
+    assert src.tensors == len(out) and src.bytes == sum(t.numel() * 2 for _, t in out)
+    with pytest.raises(ValueError, match="metadata up front"):
+        src.metadata()
+
+
+def test_export_meta_matches_the_export(tmp_path):
+    from megatron_seed.models.convert import HFCheckpoint
+    from megatron_seed.rollout.transfer import export_meta
+    from megatron_seed.testbed.tiny import make_tiny_qwen
+
+    ckpt = HFCheckpoint(make_tiny_qwen(tmp_path / "m"))
+    meta = export_meta(ckpt.spec, torch.bfloat16)
+    assert [m.name for m in meta] == sorted(ckpt.names(), key=[m.name for m in meta].index)
+    assert {m.name: m.shape for m in meta} == {n: ckpt.shape(n) for n in ckpt.names()}
+    assert {m.dtype for m in meta} == {torch.bfloat16}
 
 
 def test_engine_sleep_is_gpu_only_on_cpu():
@@ -115,6 +143,21 @@ def test_engine_sleep_is_gpu_only_on_cpu():
         engine.sleep()
     with pytest.raises(NotImplementedError, match="GPU"):
         engine.wake()
+    # the guards of a GPU engine (no vLLM call is reached)
+    engine.on_gpu, engine.sleep_mode, engine._asleep = True, False, set()
+    engine._updating, engine._paused = False, False
+    with pytest.raises(RuntimeError, match="enable_sleep_mode=True"):
+        engine.sleep()
+    engine._asleep = {"weights", "kv_cache"}
+    with pytest.raises(RuntimeError, match="weights are asleep"):
+        engine.start_weight_update()
+    with pytest.raises(RuntimeError, match="weights are asleep"):
+        engine.update_weights([("w", torch.zeros(1))])
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine._check_ready()
+    engine._asleep = set()
+    with pytest.raises(RuntimeError, match="outside a weight update"):
+        engine.receive({})
 
 
 def test_fleet_needs_ray_and_a_model_dir(tmp_path):
@@ -139,16 +182,20 @@ def test_state_replays_partially_overridden_syncs_in_order():
     state.stage(bucket(["b"], 2))  # partial sync: only b changes
     state.commit()
     replay = {}
-    for b in state.buckets:
-        replay.update(dict(ws.unflatten_bucket(b)))
+    for b in state.kept:
+        replay.update(dict(ws.unflatten_bucket(b.bucket)))
     assert {k: float(v[0]) for k, v in replay.items()} == {"a": 1.0, "b": 2.0, "c": 1.0}
-    assert len(state.buckets) == 3
+    assert len(state.kept) == 3
     state.stage(bucket(["a", "b", "c"], 3))  # full sync drops everything older
     state.commit()
-    assert len(state.buckets) == 1
+    assert len(state.kept) == 1
     state.stage(bucket(["a"], 9))
     state.abort()  # a failed sync leaves the last committed weights
-    assert len(state.buckets) == 1 and state.syncs == 3
+    assert len(state.kept) == 1 and state.syncs == 3
+    state.stage_file(["a", "b", "c"], "/replay/x.safetensors")
+    assert state.commit() == []  # the in-memory bucket it overrode has no file
+    state.stage_file(["a", "b", "c"], "/replay/y.safetensors")
+    assert state.commit() == ["/replay/x.safetensors"]  # overridden: delete it
 
 
 def test_balanced_chunks_are_contiguous_and_cover_all():
@@ -162,31 +209,6 @@ def test_balanced_chunks_are_contiguous_and_cover_all():
         assert len(chunks) == parts
         assert [i for c in chunks for i in c] == list(range(len(costs)))
     assert _balanced_chunks([1] * 10, 2) == [list(range(5)), list(range(5, 10))]
-
-
-@pytest.mark.gpu
-def test_cuda_ipc_bucket_is_readable_from_another_process():
-    """The "cuda_ipc" data path without vLLM: flatten on GPU, share the handle, rebuild."""
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    from tests.distributed.fleet_workers import ipc_receiver
-
-    tensors = [
-        ("w", torch.randn(64, 32, device="cuda")),
-        ("b", torch.randn(7, device="cuda").bfloat16()),
-    ]
-    flat = ws.flatten_bucket(tensors, device="cuda:0")
-    torch.cuda.synchronize()
-    rebuild, args = reduce_tensor(flat.data)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=ipc_receiver, args=(flat.meta(), rebuild, args, queue))
-    proc.start()
-    got = queue.get(timeout=120)
-    proc.join(timeout=30)
-    for (n, t), (m, u) in zip(tensors, got, strict=True):
-        assert n == m and torch.equal(t.cpu(), u)
 
 
 def test_an_engine_lost_with_its_node_fails_at_once_when_no_gpu_is_free(monkeypatch):

@@ -1,0 +1,157 @@
+"""A stand-in for the fleet's engine actor: no vLLM, the same remote methods, recorded.
+
+`Fleet(..., actor_cls=FakeEngineActor)` runs the fleet's own code (placement groups, the
+weight-sync client and its deadlines, restarts, the replay copy, sleep/wake) against
+engines that hold their weights in a dict and log every call to a shared `Recorder`
+actor. Behaviour is set through `engine_kwargs` (slot index = the engine's `seed`):
+
+    fake_recorder   name of a `Recorder` actor (optional)
+    fake_stall      {slot: seconds}: the first incarnation of that slot sleeps in
+                    `update_weights` (a stalled transfer)
+    fake_fail       [slot, ...]: its first incarnation raises in `update_weights` (a
+                    failed reload)
+    fake_marks      a folder where "first incarnation" is remembered across restarts
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Recorder:
+    """An ordered event log shared by fakes in any process (a named Ray actor)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def add(self, event: str) -> None:
+        self.events.append(event)
+
+    def get(self) -> list[str]:
+        return list(self.events)
+
+
+def record(name: str | None, event: str) -> None:
+    """Append `event` to the named `Recorder` (no-op without one)."""
+    if not name:
+        return
+    import ray
+
+    ray.get(ray.get_actor(name).add.remote(event))
+
+
+class FakeEngineActor:
+    """The remote methods of `fleet._EngineActor`, over a dict of weights."""
+
+    def __init__(self, model_dir: str, engine_kwargs: dict[str, Any], threads: int) -> None:
+        self.kwargs = dict(engine_kwargs)
+        self.slot = int(self.kwargs.get("seed", 0))
+        self.recorder = self.kwargs.get("fake_recorder")
+        self.weights: dict[str, torch.Tensor] = {}
+        self.asleep: set[str] = set()
+        self.updating = False
+        marks = self.kwargs.get("fake_marks")
+        self.first = True
+        if marks:
+            mark = Path(marks) / f"slot-{self.slot}"
+            self.first = not mark.exists()
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.touch()
+
+    def _log(self, event: str) -> None:
+        record(self.recorder, f"engine{self.slot}:{event}")
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def node(self) -> tuple[str, str]:
+        import ray
+
+        return "fake", ray.get_runtime_context().get_node_id()
+
+    def placement(self) -> dict[str, Any]:
+        """Where Ray put this actor and what it was given."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "placement_group": ctx.get_placement_group_id(),
+            "resources": ctx.get_assigned_resources(),
+            "tensor_parallel_size": self.kwargs.get("tensor_parallel_size", 1),
+            "gpu_memory_utilization": self.kwargs.get("gpu_memory_utilization"),
+        }
+
+    def load_bucket(self, bucket: Any) -> int:
+        from megatron_seed.rollout.weight_sync import unflatten_bucket
+
+        if isinstance(bucket, str):
+            from safetensors.torch import load_file
+
+            pairs = list(load_file(bucket).items())
+        else:
+            pairs = unflatten_bucket(bucket)
+        self.weights.update({n: t.clone() for n, t in pairs})
+        self._log("replay")
+        return len(pairs)
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._log("init")
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._log("shutdown")
+
+    def start_weight_update(self) -> None:
+        if "weights" in self.asleep:
+            raise RuntimeError("engine weights are asleep: wake(['weights']) before a sync")
+        self.updating = True
+        self._log("start")
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        import ray
+
+        from megatron_seed.rollout.weight_sync import unflatten_bucket
+
+        if self.first and self.slot in self.kwargs.get("fake_stall", {}):
+            time.sleep(self.kwargs["fake_stall"][self.slot])
+        if self.first and self.slot in self.kwargs.get("fake_fail", []):
+            raise RuntimeError("reload failed: parameters left on the meta device")
+        data = update_info["data"]
+        bucket = data if not isinstance(data, ray.ObjectRef) else ray.get(data)
+        self.weights.update({n: t.clone() for n, t in unflatten_bucket(bucket)})
+        self._log("update")
+
+    def finish_weight_update(self) -> None:
+        self.updating = False
+        self._log("finish")
+
+    def weights_dtype(self) -> str:
+        return "float32"
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return self.weights
+
+    def weight_checksum(self) -> float:
+        return float(sum(t.double().sum() for t in self.weights.values()))
+
+    def reseed(self, seed: int) -> None:
+        self._log(f"reseed:{seed}")
+
+    def pause(self) -> None:
+        self._log("pause")
+
+    def resume(self) -> None:
+        self._log("resume")
+
+    def sleep(self, level: int = 1) -> None:
+        self.asleep = {"weights", "kv_cache"}
+        self._log(f"sleep:{level}")
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        tags = list(tags or ["weights", "kv_cache"])
+        self.asleep -= set(tags)
+        self._log("wake:" + "+".join(tags))

@@ -1,0 +1,238 @@
+"""The fleet's weight transfer, placement and colocation against recording fake engines.
+
+Ray runs with logical GPUs (this machine has none), so engines that reserve GPUs are placed
+exactly as on GPU nodes. The fakes (`testbed.fake_engine`) are engines without vLLM: what is
+tested is the fleet's own code, the client vLLM's trainer-side engine drives, deadlines,
+restarts and the replay copy (the real engines' side is in test_fleet.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from megatron_seed.testbed.fake_engine import FakeEngineActor, Recorder
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def ray_gpus():
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    return str(tmp_path)
+
+
+def _weights(seed: int, n: int = 6) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    names = ["model.embed_tokens.weight"]
+    names += [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(n) for p in "qkv"]
+    return [(name, torch.randn(16, 8, generator=g)) for name in names]
+
+
+def _fleet(model_dir, tmp_path, **kw):
+    from megatron_seed.rollout.fleet import Fleet
+
+    engine_kwargs = {"fake_marks": str(tmp_path / "marks"), **kw.pop("engine_kwargs", {})}
+    return Fleet(model_dir, kw.pop("engines", 2), engine_kwargs=engine_kwargs,
+                 actor_cls=FakeEngineActor, **kw)  # fmt: skip
+
+
+def _engine_weights(ray, fleet):
+    return ray.get([e.get_weights.remote() for e in fleet._engines])
+
+
+def test_each_engine_gets_its_own_strict_pack_group_of_engine_tp_gpus(
+    ray_gpus, model_dir, tmp_path
+):
+    ray = ray_gpus
+    kwargs = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.7}
+    fleet = _fleet(model_dir, tmp_path, engine_kwargs=kwargs, num_gpus_per_engine=2.0)
+    try:
+        where = ray.get([e.placement.remote() for e in fleet._engines])
+        groups = [w["placement_group"] for w in where]
+        assert None not in groups and len(set(groups)) == 2  # one group per engine
+        table = ray.util.placement_group_table()
+        for g in groups:
+            assert table[g]["strategy"] == "STRICT_PACK"
+            assert list(table[g]["bundles"].values()) == [{"GPU": 1.0}, {"GPU": 1.0}]
+        for w in where:  # vLLM's TP workers take the bundles; the engine gets the sizes
+            assert w["tensor_parallel_size"] == 2 and w["gpu_memory_utilization"] == 0.7
+            assert "GPU" not in w["resources"]
+        assert ray.available_resources().get("GPU", 0) == 0  # 2 engines x 2 GPUs of 4
+    finally:
+        fleet.close()
+    for _ in range(50):  # groups are released with the fleet (asynchronously)
+        if ray.available_resources().get("GPU") == 4:
+            break
+        time.sleep(0.1)
+    assert ray.available_resources().get("GPU") == 4
+    fleet = _fleet(model_dir, tmp_path, engines=1, num_gpus_per_engine=1.0)
+    try:  # TP=1: the engine is its own worker and holds its bundle's GPU
+        (w,) = ray.get([e.placement.remote() for e in fleet._engines])
+        assert w["resources"].get("GPU") == 1.0 and w["tensor_parallel_size"] == 1
+    finally:
+        fleet.close()
+
+
+def test_a_sync_reaches_every_engine_through_vllms_trainer_engine(ray_gpus, model_dir, tmp_path):
+    ray = ray_gpus
+    fleet = _fleet(model_dir, tmp_path)
+    try:
+        weights = _weights(0)
+        stats = fleet.update_weights(iter(weights), bucket_bytes=1500)
+        assert stats.tensors == len(weights) and stats.restarts == 0
+        assert stats.bytes == sum(t.numel() * 4 for _, t in weights)
+        for held in _engine_weights(ray, fleet):
+            assert held.keys() == dict(weights).keys()
+            assert all(torch.equal(held[n], t) for n, t in weights)
+    finally:
+        fleet.close()
+
+
+@pytest.mark.parametrize("replay", ["memory", "disk"])
+def test_a_stalled_engine_is_dropped_within_the_timeout_and_restarted_with_the_sync(
+    ray_gpus, model_dir, tmp_path, replay
+):
+    ray = ray_gpus
+    fleet = _fleet(
+        model_dir,
+        tmp_path,
+        engine_kwargs={"fake_stall": {1: 60.0}},
+        sync_timeout_s=2.0,
+        replay=replay,
+        replay_dir=str(tmp_path / "replay"),
+    )
+    try:
+        weights = _weights(1)
+        t0 = time.monotonic()
+        stats = fleet.update_weights(iter(weights), bucket_bytes=1500)
+        took = time.monotonic() - t0
+        assert took < 20, took  # the 60 s stall did not hold the sync
+        assert stats.restarts == 1 and fleet.restarts == [0, 1]
+        for held in _engine_weights(ray, fleet):  # the restarted one from the replay copy
+            assert all(torch.equal(held[n], t) for n, t in weights)
+        if replay == "disk":
+            files = list((tmp_path / "replay").rglob("*.safetensors"))
+            assert files and stats.buckets == len(files)
+            fleet.update_weights(iter(_weights(2)), bucket_bytes=1500)  # overrides all
+            assert len(list((tmp_path / "replay").rglob("*.safetensors"))) == len(files)
+    finally:
+        fleet.close()
+
+
+def test_a_failed_reload_restarts_the_engine_with_the_last_synced_weights(
+    ray_gpus, model_dir, tmp_path
+):
+    ray = ray_gpus
+    fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_fail": [0]})
+    try:
+        weights = _weights(3)
+        stats = fleet.update_weights(iter(weights), bucket_bytes=1 << 20)
+        assert stats.restarts == 1 and fleet.restarts == [1, 0]
+        for held in _engine_weights(ray, fleet):
+            assert all(torch.equal(held[n], t) for n, t in weights)
+    finally:
+        fleet.close()
+
+
+def test_a_transfer_that_needs_every_engine_fails_naming_the_stalled_one(ray_gpus, tmp_path):
+    """NCCL's broadcast needs every rank: the client raises instead of dropping."""
+    ray = ray_gpus
+    from megatron_seed.rollout.fleet import WeightSyncError, _SyncClient
+
+    actor = ray.remote(FakeEngineActor)
+    marks = str(tmp_path / "marks")
+    engines = [actor.remote("x", {"seed": i, "fake_stall": {1: 30.0}, "fake_marks": marks}, 1)
+               for i in range(2)]  # fmt: skip
+    from megatron_seed.rollout.weight_sync import flatten_bucket
+
+    ray.get([e.ready.remote() for e in engines])
+    client = _SyncClient(engines, timeout_s=1.0, needs_all=True)
+    client.start_weight_update()
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match=r"engine 1 stalled: no answer within 1 s"):
+        client.update_weights({"data": flatten_bucket(_weights(5))})
+        client.finish_weight_update()
+    assert time.monotonic() - t0 < 10
+    for e in engines:
+        ray.kill(e)
+
+
+def test_a_stuck_transfer_raises_once_nothing_moves_for_the_timeout():
+    import threading
+
+    from megatron_seed.rollout.fleet import WeightSyncError, _watched
+
+    never = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match="stalled: nccl broadcast for 1 s"):
+        _watched(never.wait, lambda: t0, 1.0, "nccl broadcast")
+    assert time.monotonic() - t0 < 5
+    _watched(lambda: None, time.monotonic, 1.0, "nothing")  # a finished call returns
+
+
+def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
+    """engines sleep -> train -> engines wake their weights -> sync -> the trainer frees its
+    activations -> engines wake their KV cache."""
+    ray = ray_gpus
+    from megatron_seed.config import SeedConfig
+    from megatron_seed.pipeline import stage2
+    from megatron_seed.pipeline.metrics import PhaseTimer
+    from megatron_seed.testbed.synthetic import synthetic_records
+
+    recorder = ray.remote(Recorder).options(name="colocation-events").remote()
+    fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_recorder": "colocation-events"})
+
+    class Trainer:
+        seq_multiple, precision, spec = 1, "fp32", None
+        state = type("S", (), {"data_position": 0, "step": 0})()
+
+        def train_step(self, pb):
+            stage2_record("trainer:train")
+            return {"loss/total": 0.0}
+
+        def export_weights(self, dtype=None):
+            stage2_record("trainer:export")
+            return iter(_weights(4))
+
+        def release_memory(self):
+            stage2_record("trainer:release")
+
+    def stage2_record(event):
+        ray.get(recorder.add.remote(event))
+
+    # the config says colocated (its transport is "ipc"); the fake fleet sends by objstore
+    cfg = SeedConfig().with_changes({"fleet": {"colocate": True, "transport": "ipc"}})
+    session = type("Session", (), {"fleet": fleet})()
+    side = type("Side", (), {"session": session})()
+    job = stage2.Stage2Job(model_dir=model_dir, games=["g"], out_dir=str(tmp_path), cfg=cfg)
+    run = stage2.Run(job, Trainer(), tiny_tokenizer, side, {}, False, None)
+    try:
+        records = synthetic_records(tiny_tokenizer, groups=1, group_size=2, turns=1)
+        stage2.train_and_sync(run, records, PhaseTimer())
+        events = ray.get(recorder.get.remote())
+    finally:
+        fleet.close()
+    phases = []
+    for e in events:  # collapse the two engines' copies of each step
+        step = e.split(":", 1)[1] if e.startswith("engine") else e
+        if step in ("update", "init"):
+            continue
+        if not phases or phases[-1] != step:
+            phases.append(step)
+    assert phases == [
+        "sleep:1", "trainer:train", "wake:weights", "trainer:export", "start", "finish",
+        "trainer:release", "wake:kv_cache",
+    ], events  # fmt: skip
