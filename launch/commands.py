@@ -43,10 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run this under torchrun instead of `seed train`: 'MODULE args' or 'SCRIPT.py args' "
         "(a torchrun-aware program: it joins the ranks torchrun starts)",
     )
+    paths = parser.add_argument_group("paths the job reads (on the cluster's filesystem)")
+    paths.add_argument("--model", default=None, help="HF checkpoint (default: $SEED_MODEL_DIR)")
+    paths.add_argument("--games", default=None, help="game folder (default: $SEED_GAMES_DIR)")
+    paths.add_argument("--out", default=None, help="run folder (default: $SEED_OUT_DIR)")
     slurm = parser.add_argument_group("slurm")
     slurm.add_argument(
         "--job-dir", default="~/seed-jobs", help="job folder on the shared filesystem"
     )
+    slurm.add_argument(
+        "--cluster-profile",
+        help="JSON file of slurm settings (partition, nccl_socket_ifname, nccl_ib_hca, ...)",
+    )
+    slurm.add_argument("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME, e.g. ib0")
+    slurm.add_argument("--nccl-ib-hca", help="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1")
     slurm.add_argument("--account")
     slurm.add_argument("--partition")
     slurm.add_argument("--time", default="04:00:00")
@@ -119,20 +129,43 @@ def _plan(args: argparse.Namespace) -> LaunchPlan:
         raise CommandError(str(err)) from None
 
 
+def job_paths(args: argparse.Namespace) -> dict[str, str]:
+    """SEED_MODEL_DIR / SEED_GAMES_DIR / SEED_OUT_DIR for the job: the flags, else this
+    shell's variables (a `seed train` job reads its paths from them)."""
+    import os
+
+    given = {"SEED_MODEL_DIR": args.model, "SEED_GAMES_DIR": args.games, "SEED_OUT_DIR": args.out}
+    return {k: v or os.environ[k] for k, v in given.items() if v or os.environ.get(k)}
+
+
 def _slurm(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -> int:
     from launch import slurm
 
-    opts = slurm.SlurmOptions(
-        job_dir=args.job_dir,
-        account=args.account,
-        partition=args.partition,
-        time=args.time,
-        container_image=args.container_image,
-        container_mounts=tuple(args.mount),
-        env_setup=args.env_setup,
-        ssh=args.ssh,
-        package_code=args.package_code,
-    )
+    profile: dict[str, Any] = {}
+    if args.cluster_profile:
+        try:
+            profile = slurm.read_profile(args.cluster_profile)
+        except ValueError as err:
+            raise CommandError(str(err)) from None
+    flags = {
+        "job_dir": args.job_dir if args.job_dir != "~/seed-jobs" else None,
+        "account": args.account,
+        "partition": args.partition,
+        "time": args.time if args.time != "04:00:00" else None,
+        "container_image": args.container_image,
+        "container_mounts": tuple(args.mount) or None,
+        "env_setup": args.env_setup,
+        "ssh": args.ssh,
+        "nccl_socket_ifname": args.nccl_socket_ifname,
+        "nccl_ib_hca": args.nccl_ib_hca,
+    }
+    settings = {**profile, **{k: v for k, v in flags.items() if v is not None}}
+    if "container_mounts" in settings:
+        settings["container_mounts"] = tuple(settings["container_mounts"])
+    settings["package_code"] = args.package_code or bool(settings.get("package_code"))
+    settings["extra_env"] = {**settings.get("extra_env", {}), **job_paths(args)}
+    opts = slurm.SlurmOptions(**settings)
+    args.job_dir, args.ssh = opts.job_dir, opts.ssh
     if args.ssh and not args.job_dir.startswith("/"):
         raise CommandError(
             f"--ssh needs an absolute --job-dir on the cluster, got {args.job_dir!r}"
@@ -180,7 +213,7 @@ def _local(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -
         print(shlex.join(["torchrun", "--standalone", "--nproc-per-node", str(nproc), *job.argv()]))
         return 0
     with contextlib.redirect_stdout(sys.stderr):
-        outcome = run_local(plan, job)
+        outcome = run_local(plan, job, env=job_paths(args))
     print(f"job {outcome.state}: logs under {outcome.job_dir}")
     if not outcome.succeeded:
         for log in outcome.logs():

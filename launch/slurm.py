@@ -11,8 +11,15 @@ setup section we put the Ray bring-up, in this order:
 
 Then NeMo-Run's `srun ... torchrun ...` step starts the trainer ranks with `RAY_ADDRESS` set.
 Each node's first `trainer_ranks_per_node` GPUs are the trainer's (local rank = device), the
-next `fleet_gpus_per_node` the Ray worker's (`CUDA_VISIBLE_DEVICES` on `ray start`). Ray
-token authentication uses a random per-job token exported to every step.
+next `fleet_gpus_per_node` the Ray worker's (`CUDA_VISIBLE_DEVICES` and `--num-gpus` on
+`ray start`: the engines' placement groups take them). Ray token authentication uses a
+random per-job token exported to every step. Every step also gets `job_env`: NCCL's network
+(`NCCL_SOCKET_IFNAME`, `NCCL_IB_HCA`, from a cluster profile or flags), async error handling
+and a collective timeout, the port of the trainer -> engines weight group, and the model,
+games and output paths (`seed launch --model/--games/--out`; with `--ssh` too, since the
+login node's environment is not the job's). One container per node and step: the engines'
+CUDA IPC (colocated mode) needs trainer and engines in one container, which the colocated
+layout gives (both run in the torchrun step's node).
 """
 
 from __future__ import annotations
@@ -51,6 +58,46 @@ class SlurmOptions:
     rdzv_port: int = 29500
     ray_timeout_s: int = 900
     extra_env: dict[str, str] = field(default_factory=dict)
+    # the cluster's network (a cluster profile): NCCL's interface and InfiniBand adapters
+    nccl_socket_ifname: str | None = None  # e.g. "ib0" or "^lo,docker"
+    nccl_ib_hca: str | None = None  # e.g. "mlx5_0,mlx5_1"
+    nccl_timeout_s: int = 1800  # a collective that waits longer fails the rank (not a hang)
+    weight_sync_port: int = 29650  # trainer rank 0 <-> engines NCCL group (+1 per rebuild)
+
+
+def job_env(opts: SlurmOptions) -> dict[str, str]:
+    """The environment every step of the job gets (the sbatch script exports it): NCCL's
+    network and failure settings, the weight-group port, then `extra_env` (paths)."""
+    env = {
+        # a failed or timed-out collective aborts its communicator and the rank exits,
+        # instead of every rank waiting forever
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "SEED_NCCL_TIMEOUT_S": str(opts.nccl_timeout_s),
+        "SEED_WEIGHT_SYNC_PORT": str(opts.weight_sync_port),
+    }
+    if opts.nccl_socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = opts.nccl_socket_ifname
+        env["GLOO_SOCKET_IFNAME"] = opts.nccl_socket_ifname.lstrip("^=").split(",")[0]
+    if opts.nccl_ib_hca:
+        env["NCCL_IB_HCA"] = opts.nccl_ib_hca
+    return {**env, **opts.extra_env}
+
+
+def read_profile(path: str) -> dict[str, Any]:
+    """A cluster profile (JSON): defaults for `SlurmOptions` fields, e.g.
+    {"partition": "gpu", "nccl_socket_ifname": "ib0", "nccl_ib_hca": "mlx5"}."""
+    import dataclasses
+    import json
+
+    known = {f.name for f in dataclasses.fields(SlurmOptions)}
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cluster profile {path}: {err}") from None
+    if not isinstance(profile, dict) or not set(profile) <= known:
+        bad = sorted(set(profile) - known) if isinstance(profile, dict) else profile
+        raise ValueError(f"cluster profile {path}: unknown keys {bad}; known: {sorted(known)}")
+    return profile
 
 
 def container_flags(opts: SlurmOptions) -> list[str]:
@@ -134,7 +181,7 @@ def make_executor(plan: LaunchPlan, opts: SlurmOptions) -> Any:
         # sbatch script, the logs and the code dir all live on the shared filesystem.
         tunnel = run.LocalTunnel(job_dir=os.path.join(_job_dir(opts), "experiments"))
     lay = plan.layout
-    env = dict(opts.extra_env)
+    env = job_env(opts)
     rdzv_id = zlib.crc32(f"{plan.recipe.name}/{plan.nodes}".encode()) % 100_000 + 1
     return run.SlurmExecutor(
         account=opts.account,

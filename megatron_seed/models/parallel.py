@@ -8,6 +8,7 @@ GPU runs use NCCL.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import pickle
 import signal
@@ -73,7 +74,10 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, device: str = "aut
         os.environ.setdefault("WORLD_SIZE", "1")
         if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend="nccl" if on_gpu else "gloo")
+        kwargs = {}
+        if os.environ.get("SEED_NCCL_TIMEOUT_S"):  # launched jobs: a stuck collective fails
+            kwargs["timeout"] = datetime.timedelta(seconds=int(os.environ["SEED_NCCL_TIMEOUT_S"]))
+        dist.init_process_group(backend="nccl" if on_gpu else "gloo", **kwargs)
     world = dist.get_world_size()
     if world % (tp * pp):
         raise ValueError(f"world size {world} is not divisible by TP*PP = {tp * pp}")

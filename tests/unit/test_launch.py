@@ -518,6 +518,46 @@ def test_seed_launch_slurm_submits_the_rendered_script(tmp_path: Path, monkeypat
     assert _index(lines, "ray start --head") < _index(lines, "torchrun ")
 
 
+def test_nccl_settings_the_weight_port_and_paths_reach_every_step(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A cluster profile and flags -> the sbatch script's exported environment (what every
+    srun step, Ray's and torchrun's, inherits), also when the job is submitted over SSH."""
+    profile = tmp_path / "cluster.json"
+    profile.write_text(json.dumps({"partition": "gpu", "nccl_socket_ifname": "ib0",
+                                   "nccl_ib_hca": "mlx5_0,mlx5_1", "nccl_timeout_s": 600}))  # fmt: skip
+    monkeypatch.setenv("SEED_GAMES_DIR", "/lustre/games")  # from the shell unless a flag says
+    argv = ["launch", "qwen2.5-7b", "--executor", "slurm", "--nodes", "2", "--dryrun",
+            "--job-dir", "/lustre/jobs", "--cluster-profile", str(profile),
+            "--model", "/lustre/qwen", "--out", "/lustre/run1"]  # fmt: skip
+    assert cli.main(argv) == 0
+    script = capsys.readouterr().out
+    exported = dict(re.findall(r"^export (\w+)=(.*)$", script, re.M))
+    for key, value in {
+        "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "SEED_NCCL_TIMEOUT_S": "600",
+        "SEED_WEIGHT_SYNC_PORT": "29650", "SEED_MODEL_DIR": "/lustre/qwen",
+        "SEED_GAMES_DIR": "/lustre/games", "SEED_OUT_DIR": "/lustre/run1",
+    }.items():  # fmt: skip
+        assert exported.get(key, "").strip("'\"") == value, (key, exported.get(key))
+    assert re.search(r"^#SBATCH --partition=gpu$", script, re.M)
+    lines = _lines(script)  # exported before the first step
+    assert _index(lines, "export SEED_MODEL_DIR") < _index(lines, "ray start --head")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"nccl_interface": "ib0"}')
+    argv = [
+        "launch",
+        "qwen2.5-7b",
+        "--executor",
+        "slurm",
+        "--dryrun",
+        "--cluster-profile",
+        str(bad),
+    ]
+    assert cli.main(argv) == 2
+    assert "unknown keys ['nccl_interface']" in capsys.readouterr().err
+
+
 def test_seed_launch_slurm_without_sbatch_is_a_one_line_error(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
