@@ -80,7 +80,7 @@ def main(transport: str, out: str) -> int:
         engines,
         engine_kwargs=dict(
             gpu_memory_utilization=0.3 if ipc else 0.6, max_model_len=256, dtype="bfloat16"
-        ),  # fmt: skip
+        ),
         num_gpus_per_engine=share,
         transport=transport,
         sync_timeout_s=60.0,
