@@ -17,9 +17,10 @@ random per-job token exported to every step. Every step also gets `job_env`: NCC
 (`NCCL_SOCKET_IFNAME`, `NCCL_IB_HCA`, from a cluster profile or flags), async error handling
 and a collective timeout, the port of the trainer -> engines weight group, and the model,
 games and output paths (`seed launch --model/--games/--out`; with `--ssh` too, since the
-login node's environment is not the job's). One container per node and step: the engines'
-CUDA IPC (colocated mode) needs trainer and engines in one container, which the colocated
-layout gives (both run in the torchrun step's node).
+login node's environment is not the job's). The Ray steps and the torchrun step are separate
+pyxis containers on each node; enroot gives containers no IPC namespace of their own, so
+CUDA IPC between engines and trainer ranks of one node (colocated mode) crosses them, as it
+does with Docker's `--ipc=host`.
 """
 
 from __future__ import annotations

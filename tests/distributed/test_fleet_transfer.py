@@ -132,6 +132,26 @@ def test_a_stalled_engine_is_dropped_within_the_timeout_and_restarted_with_the_s
         fleet.close()
 
 
+def test_an_engine_killed_during_a_sync_is_restarted_with_it(ray_gpus, model_dir, tmp_path):
+    import threading
+
+    ray = ray_gpus
+    fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_stall": {1: 30.0}}, sync_timeout_s=30)
+    try:
+        weights = _weights(6)
+        killer = threading.Timer(1.0, fleet.kill_engine, args=(1,))
+        killer.start()
+        t0 = time.monotonic()
+        stats = fleet.update_weights(iter(weights), bucket_bytes=1500)
+        killer.join()
+        assert time.monotonic() - t0 < 20  # the death is seen at once, not after 30 s
+        assert stats.restarts == 1 and fleet.restarts == [0, 1]
+        for held in _engine_weights(ray, fleet):
+            assert all(torch.equal(held[n], t) for n, t in weights)
+    finally:
+        fleet.close()
+
+
 def test_a_failed_reload_restarts_the_engine_with_the_last_synced_weights(
     ray_gpus, model_dir, tmp_path
 ):
