@@ -78,7 +78,8 @@ def job_env(opts: SlurmOptions) -> dict[str, str]:
     }
     if opts.nccl_socket_ifname:
         env["NCCL_SOCKET_IFNAME"] = opts.nccl_socket_ifname
-        env["GLOO_SOCKET_IFNAME"] = opts.nccl_socket_ifname.lstrip("^=").split(",")[0]
+        if not opts.nccl_socket_ifname.startswith("^"):  # gloo takes names, not exclusions
+            env["GLOO_SOCKET_IFNAME"] = opts.nccl_socket_ifname.lstrip("=").split(",")[0]
     if opts.nccl_ib_hca:
         env["NCCL_IB_HCA"] = opts.nccl_ib_hca
     return {**env, **opts.extra_env}

@@ -156,26 +156,28 @@ class Run:
 # ----------------------------------------------------------------------------- phases
 
 
-def sync(run: Run) -> dict[str, float]:
+def sync(run: Run, verify: bool = True) -> dict[str, float]:
     """Stream theta into every engine through vLLM's weight-transfer API (a collective over
     trainer ranks; rank 0 drives the fleet, `transfer.follow_sync` on the others), in the
-    engines' dtype, then verify the refit on the probe."""
+    engines' dtype, then (`verify`) check the refit on the probe."""
+    from megatron_seed.rollout.fleet import packed_bytes
     from megatron_seed.rollout.session import fleet_dtype
     from megatron_seed.rollout.transfer import export_meta, follow_sync
 
     fleet = run.cfg.fleet
     dtype = getattr(torch, fleet_dtype(run.cfg))
+    meta = export_meta(run.trainer.spec, dtype)
     stream = run.trainer.export_weights()  # on the trainer's device; cast as it is sent
     metrics: dict[str, float] = {}
     if run.side.session is None:
-        follow_sync(stream, fleet.transport, _rank(), dtype)
+        buffer = packed_bytes(fleet.sync_bucket_bytes, meta)
+        follow_sync(stream, fleet.transport, _rank(), dtype, buffer)
     else:
-        meta = export_meta(run.trainer.spec, dtype) if fleet.transport == "nccl" else None
         stats = run.side.session.fleet.update_weights(
             stream, bucket_bytes=fleet.sync_bucket_bytes, meta=meta
         )
         metrics = {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds}
-    return {**metrics, **verify_refit(run)}
+    return {**metrics, **(verify_refit(run) if verify else {})}
 
 
 def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dict[str, float]:
@@ -194,12 +196,13 @@ def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dic
     if colocate and fleet is not None:
         fleet.wake(["weights"])
     with timer.time("sync"):
-        metrics.update(sync(run))
+        metrics.update(sync(run, verify=not colocate))
     if colocate:
         run.trainer.release_memory()
         _barrier()
         if fleet is not None:
             fleet.wake(["kv_cache"])
+        metrics.update(verify_refit(run))  # the probe needs the engines' KV cache
     return metrics
 
 

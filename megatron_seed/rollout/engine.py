@@ -14,7 +14,7 @@ fixed when the `LLM` is built, `weight_transfer`): `init_transfer` once, then pe
 the prefix cache: cached KV blocks were computed with the old weights). A sync into a
 sleeping engine is refused. `update_weights` loads (name, tensor) pairs directly, with the
 worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)` through
-`SeedWorkerExtension.seed_reload_weights` (on CPU linear weights are repacked after
+`worker_extension.SeedWorkerExtension.seed_reload_weights` (on CPU linear weights are repacked after
 loading, FACTS.md): the fleet's restart replay and `load_model` use it, with any backend.
 In that path a fused module (qkv_proj <- q/k/v_proj, gate_up_proj <- gate/up_proj) must get
 all of its tensors in ONE call; `weight_sync.iter_buckets` guarantees it.
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-EXTENSION_CLS = "megatron_seed.rollout.engine.SeedWorkerExtension"
+EXTENSION_CLS = "megatron_seed.rollout.worker_extension.SeedWorkerExtension"
 # Loggers that warn once per untouched layer and list every untouched tensor on each
 # bucketed (partial) reload: expected for bucketed syncs, so quietened to errors.
 _RELOAD_LOGGERS = (
@@ -67,34 +67,6 @@ class Generation:
     logprobs: list[float]
     text: str
     finish_reason: str
-
-
-class SeedWorkerExtension:
-    """Methods mixed into every vLLM worker (`worker_extension_cls`), called by collective_rpc."""
-
-    def seed_reload_weights(self, payload: Any) -> int:
-        """Reload checkpoint-format weights in place; returns the number of tensors.
-
-        `payload` is a list of (HF name, tensor) (in-process engines) or safetensors bytes
-        (multiprocess engines, where arguments are serialised).
-        """
-        if isinstance(payload, bytes | bytearray | memoryview):
-            from safetensors.torch import load as load_safetensors
-
-            weights = list(load_safetensors(bytes(payload)).items())
-        else:
-            weights = list(payload)
-        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
-        return len(weights)
-
-    def seed_reseed(self, seed: int) -> None:
-        """Restart the sampler's random stream (it draws for requests without a seed)."""
-        torch.manual_seed(seed)
-
-    def seed_weight_checksum(self) -> float:
-        """Sum of all parameters (float64): a cheap probe that two engines hold the same weights."""
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
 def _on_gpu() -> bool:

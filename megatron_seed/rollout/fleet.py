@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -50,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from megatron_seed.rollout.engine import Generation, SamplingSpec
@@ -58,6 +58,7 @@ from megatron_seed.rollout.weight_sync import (
     FlatBucket,
     flatten_bucket,
     fusion_key,
+    iter_buckets,
     tensor_bytes,
     unflatten_bucket,
 )
@@ -173,10 +174,10 @@ class _EngineActor:
 
 @dataclass
 class _Kept:
-    """One bucket of the replay copy: its names, and the bytes (memory) or a file (disk)."""
+    """One bucket of the replay copy: its names, and its object (memory) or file (disk)."""
 
     names: list[str]
-    bucket: FlatBucket | None = None
+    ref: Any = None  # an ObjectRef of the FlatBucket, owned by the state actor
     path: str | None = None
 
 
@@ -188,9 +189,8 @@ class _FleetState:
         self.engines: list[Any] = []
         self.kept: list[_Kept] = []  # replay order: older (partially overridden) first
         self._staged: list[_Kept] = []
-        self._refs: list[Any] | None = None
         self.syncs = 0
-        self.dtype: str | None = None
+        self.settings: dict[str, Any] = {}  # what a connected client needs of the owner
 
     def set_engines(self, engines: list[Any]) -> None:
         self.engines = engines
@@ -204,11 +204,18 @@ class _FleetState:
     def syncs_done(self) -> int:
         return self.syncs
 
+    def set_settings(self, settings: dict[str, Any]) -> None:
+        self.settings = dict(settings)
+
+    def get_settings(self) -> dict[str, Any]:
+        return self.settings
+
     def stage(self, bucket: FlatBucket) -> int:
-        """Keep one bucket's bytes ("memory"); the sender's object may not outlive it."""
-        data = np.array(bucket.data, copy=True)
-        flat = FlatBucket(bucket.names, bucket.dtypes, bucket.shapes, bucket.offsets, data)
-        self._staged.append(_Kept(bucket.names, bucket=flat))
+        """Keep one bucket ("memory"): one object in the store, owned by this actor (the
+        sender's object, and the sender, may be gone by the time a restart needs it)."""
+        import ray
+
+        self._staged.append(_Kept(bucket.names, ref=ray.put(bucket)))
         return len(self._staged)
 
     def stage_file(self, names: list[str], path: str) -> int:
@@ -222,7 +229,7 @@ class _FleetState:
         # Keep an older bucket only if the new sync did not overwrite all of its tensors.
         dropped = [b for b in self.kept if set(b.names) <= new]
         self.kept = [b for b in self.kept if not set(b.names) <= new] + self._staged
-        self._staged, self._refs = [], None
+        self._staged = []
         self.syncs += 1
         return [b.path for b in dropped if b.path]
 
@@ -233,12 +240,9 @@ class _FleetState:
         return files
 
     def synced_refs(self) -> list[Any]:
-        """What a restarted engine loads, in order: object refs of buckets, or file paths."""
-        import ray
-
-        if self._refs is None:
-            self._refs = [ray.put(b.bucket) if b.bucket is not None else b.path for b in self.kept]
-        return self._refs
+        """What a restarted engine loads, in order: object refs of buckets, or file paths.
+        (Returned inside a list, so they arrive as refs, not resolved.)"""
+        return [b.ref if b.ref is not None else b.path for b in self.kept]
 
 
 class _Replay:
@@ -325,12 +329,18 @@ class _SyncClient:
     needs every rank), where it raises `WeightSyncError` naming it."""
 
     def __init__(
-        self, engines: list[Any], timeout_s: float, needs_all: bool, max_inflight: int = 2
+        self,
+        engines: list[Any],
+        timeout_s: float,
+        needs_all: bool,
+        max_inflight: int = 2,
+        ranks_per_engine: int = 1,
     ) -> None:
         self.engines = engines
         self.timeout_s = timeout_s
         self.needs_all = needs_all
         self.max_inflight = max_inflight
+        self.ranks_per_engine = ranks_per_engine
         self.lost: dict[int, str] = {}
         self.pending: list[dict[int, Any]] = []
         self.last_progress = time.monotonic()
@@ -371,7 +381,20 @@ class _SyncClient:
             self._settle(self.pending.pop(0))
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._settle(self._fan("init_weight_transfer_engine", init_info))
+        if "rank_offset" not in init_info:
+            self._settle(self._fan("init_weight_transfer_engine", init_info))
+            return
+        # NCCL: vLLM's sender gives every worker rank_offset 1 (one engine); engine i's
+        # workers take ranks 1 + i * TP ... of the group
+        base = init_info["rank_offset"]
+        refs = {
+            i: e.init_weight_transfer_engine.remote(
+                {**init_info, "rank_offset": base + i * self.ranks_per_engine}
+            )
+            for i, e in enumerate(self.engines)
+            if i not in self.lost
+        }
+        self._settle(refs)
 
     def shutdown_weight_transfer_engine(self) -> None:
         self._settle(self._fan("shutdown_weight_transfer_engine"))
@@ -389,6 +412,20 @@ class _SyncClient:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._drain()
         self._settle(self._fan("finish_weight_update"))
+
+
+def ray_get(refs: Any, timeout_s: float) -> Any:
+    """`ray.get` with a deadline."""
+    import ray
+
+    return ray.get(refs, timeout=timeout_s)
+
+
+def packed_bytes(bucket_bytes: int, meta: list[Any] | None) -> int:
+    """The staging buffer of a packed IPC/NCCL transfer: the bucket size, or the largest
+    tensor when that is bigger (vLLM's packer refuses a tensor larger than its buffer)."""
+    largest = max((math.prod(m.shape) * m.dtype.itemsize for m in meta or []), default=0)
+    return max(bucket_bytes, largest)
 
 
 def _watched(fn: Any, progress: Any, timeout_s: float, what: str) -> None:
@@ -510,6 +547,7 @@ class Fleet:
         self._actor_cls = actor_cls or _EngineActor
         self._groups: list[Any] = [None] * num_engines  # placement groups
         self._nccl: Any = None  # vLLM's NCCL sender, once its group is formed
+        self._nccl_stale = False  # engines may still hold an old group
         self._owner = True
         self._closed = False
         self._state = (
@@ -520,6 +558,10 @@ class Fleet:
         self._engines = [self._start_engine(i) for i in range(num_engines)]
         self._wait_ready(list(range(num_engines)))
         ray.get(self._state.set_engines.remote(self._engines))
+        settings = dict(transport=transport, sync_timeout_s=sync_timeout_s, replay=replay,
+                        replay_dir=replay_dir, engine_tp=self.engine_tp,
+                        max_inflight=max_inflight)  # fmt: skip
+        ray.get(self._state.set_settings.remote(settings))
         # (node name, Ray node id) of every engine: logged, and checked when one dies
         self._nodes = ray.get([e.node.remote() for e in self._engines])
         self._dtype: str | None = None
@@ -543,17 +585,11 @@ class Fleet:
         return FleetAddress(self.name, NAMESPACE, ray.get_runtime_context().gcs_address)
 
     @classmethod
-    def connect(
-        cls,
-        address: FleetAddress,
-        transport: str = "objstore",
-        replay: str = "memory",
-        replay_dir: str | None = None,
-    ) -> Fleet:
+    def connect(cls, address: FleetAddress) -> Fleet:
         """A client of an existing fleet (this process must have called `ray.init(address=...)`).
 
-        The client syncs weights (with the fleet's `transport` and `replay`), generates and
-        scores; it never restarts engines and `close()` does not stop them.
+        The client syncs weights (with the owner's transport, deadlines and replay copy),
+        generates and scores; it never restarts engines and `close()` does not stop them.
         """
         import ray
 
@@ -570,9 +606,16 @@ class Fleet:
         self._nodes = ray.get([e.node.remote() for e in self._engines])
         self._owner, self._closed = False, False
         self.max_restarts, self.restarts = 0, [0] * len(self._engines)
-        self.request_timeout_s, self.max_inflight, self.sync_timeout_s = 600.0, 2, 60.0
-        self.transport, self.replay, self.replay_dir = transport, replay, replay_dir
+        self.request_timeout_s = 600.0
+        settings = ray.get(self._state.get_settings.remote())
+        self.transport, self.replay = settings["transport"], settings["replay"]
+        self.replay_dir, self.engine_tp = settings["replay_dir"], settings["engine_tp"]
+        self.sync_timeout_s, self.max_inflight = (
+            settings["sync_timeout_s"],
+            settings["max_inflight"],
+        )
         self._groups, self._nccl, self._dtype = [None] * len(self._engines), None, None
+        self._nccl_stale = False
         return self
 
     def _start_engine(self, index: int) -> Any:
@@ -664,7 +707,7 @@ class Fleet:
         self._engines[index] = self._start_engine(index)
         self._wait_ready([index])
         self._nodes[index] = ray.get(self._engines[index].node.remote())
-        self._nccl = None  # the NCCL group lost a member: rebuilt (new port) at the next sync
+        self._drop_nccl()  # the group lost a member: rebuilt (new port) at the next sync
         refs = ray.get(self._state.synced_refs.remote())
         if not refs and ray.get(self._state.syncs_done.remote()) and self.replay == "off":
             log.warning(
@@ -790,13 +833,36 @@ class Fleet:
                 out[i] = r
         return out
 
-    def load_model(self, model_dir: str | os.PathLike) -> SyncStats:
+    def load_model(self, model_dir: str | os.PathLike, bucket_bytes: int = 64 << 20) -> SyncStats:
         """Every engine takes the weights of the HF folder ``model_dir`` (a model of the
-        fleet's architecture and tokenizer): one fleet serves several models in turn."""
+        fleet's architecture and tokenizer): one fleet serves several models in turn.
+
+        Read on the host, so not through the trainer's transport: each bucket goes into the
+        object store once and every engine reloads it in place (the restart path), and it
+        becomes the replay copy."""
+        import ray
+
         from megatron_seed.models.convert import HFCheckpoint
 
+        start = time.perf_counter()
         ckpt = HFCheckpoint(model_dir)
-        return self.update_weights((name, ckpt.get(name)) for name in ckpt.names())
+        dtype = self.weights_dtype
+        replay = _Replay(self._state, self.replay, self.replay_dir, bucket_bytes)
+        total = tensors = buckets = 0
+        try:
+            weights = ((n, ckpt.get(n).to(dtype)) for n in ckpt.names())
+            for bucket in iter_buckets(weights, bucket_bytes):
+                ref = ray.put(flatten_bucket(bucket))
+                for name, t in bucket:
+                    replay.add(name, t)
+                self._run([_Work(e, [0], "load_bucket", (ref,)) for e in range(self.num_engines)])
+                total += sum(tensor_bytes(t) for _, t in bucket)
+                tensors, buckets = tensors + len(bucket), buckets + 1
+        except BaseException:
+            replay.abort()
+            raise
+        replay.commit()
+        return SyncStats(time.perf_counter() - start, total, buckets, self.num_engines, tensors)
 
     @property
     def weights_dtype(self) -> torch.dtype:
@@ -825,7 +891,12 @@ class Fleet:
         replay = _Replay(self._state, self.replay, self.replay_dir, bucket_bytes)
         source = ExportSource(weights, meta, dtype=self.weights_dtype, tee=replay.add)
         client = _SyncClient(
-            list(self._engines), self.sync_timeout_s, self.transport == "nccl", self.max_inflight
+            list(self._engines),
+            self.sync_timeout_s,
+            needs_all=self.transport == "nccl",
+            # IPC reuses one staging buffer: a chunk must be loaded before the next is packed
+            max_inflight=0 if self.transport == "ipc" else self.max_inflight,
+            ranks_per_engine=self.engine_tp,
         )
 
         def progress() -> float:
@@ -833,19 +904,16 @@ class Fleet:
 
         try:  # the client's own deadlines come first; this one catches a stuck sender
             _watched(
-                lambda: self._sender(client, source, bucket_bytes).send_weights(),
+                lambda: self._sender(
+                    client, source, packed_bytes(bucket_bytes, meta)
+                ).send_weights(),
                 progress,
                 2 * self.sync_timeout_s,
                 f"no engine answered and no tensor was sent ({self.transport})",
             )
-        except BaseException as exc:
+        except BaseException:
             replay.abort()
-            if self.transport == "nccl":
-                self._nccl = None  # the group is unusable: rebuilt at the next sync
-            if isinstance(exc, WeightSyncError) and self._owner:
-                for e, reason in sorted(client.lost.items()):
-                    with contextlib.suppress(FleetError):
-                        self._restart(e, reason)
+            self._recover(client)
             raise
         replay.commit()
         for e, reason in sorted(client.lost.items()):
@@ -866,21 +934,54 @@ class Fleet:
         from megatron_seed.rollout import transfer
 
         transfer.register()
-        if self.transport == "objstore":
-            info: Any = transfer.ObjectStoreTrainerInitInfo(rank=0, bucket_bytes=bucket_bytes)
-        elif self.transport == "ipc":
-            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-
-            info = IPCTrainerInitInfo(rank=0, packed=True)
-        else:
-            if self._nccl is not None:
-                self._nccl.client, self._nccl.source = client, source
-                return self._nccl
-            info = transfer.nccl_init_info(1 + len(self._engines) * self.engine_tp)
+        if self.transport == "nccl" and self._nccl is not None:
+            self._nccl.client, self._nccl.source = client, source
+            return self._nccl
+        if self.transport == "nccl" and self._nccl_stale:
+            # members of the old group leave it before the new one forms (on a new port)
+            for ref in client._fan("shutdown_weight_transfer_engine").values():
+                with contextlib.suppress(Exception):
+                    ray_get(ref, self.sync_timeout_s)
+            self._nccl_stale = False
+        world = 1 + len(self._engines) * self.engine_tp
+        info = transfer.trainer_init_info(self.transport, bucket_bytes, world)
         sender = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
         if self.transport == "nccl":
             self._nccl = sender
         return sender
+
+    def _drop_nccl(self) -> None:
+        """Forget the NCCL group (after a failure or a restart): its communicator is
+        destroyed here, the engines' at the next sync, which forms a new one."""
+        if self._nccl is not None:
+            with contextlib.suppress(Exception):
+                self._nccl.shutdown()
+            self._nccl = None
+            self._nccl_stale = True
+
+    def _recover(self, client: _SyncClient) -> None:
+        """After a failed sync: engines left mid-update (or stuck in a transfer) go back to
+        the last synced weights: finish + replay, or, when that fails, a restart (owner)."""
+        import ray
+
+        if self.transport == "nccl":
+            self._drop_nccl()
+        refs = ray.get(self._state.synced_refs.remote())
+        broken = dict(client.lost)
+        for e, engine in enumerate(self._engines):
+            if e in broken:
+                continue
+            try:
+                ray_get(engine.finish_weight_update.remote(), self.sync_timeout_s)
+                ray_get([engine.load_bucket.remote(r) for r in refs], self.sync_timeout_s)
+            except Exception as exc:
+                broken[e] = f"left broken by a failed sync ({type(exc).__name__})"
+        for e, reason in sorted(broken.items()):
+            if not self._owner:
+                log.error("engine %d needs a restart by the fleet's owner: %s", e, reason)
+                continue
+            with contextlib.suppress(FleetError):
+                self._restart(e, reason)
 
     def sleep(self, level: int = 1) -> None:
         """Every engine gives its GPU memory to a colocated trainer (weights to host memory,

@@ -249,11 +249,16 @@ def export_meta(spec: Any, dtype: torch.dtype) -> list[ParamMeta]:
 
 
 def follow_sync(
-    weights: Iterable[tuple[str, torch.Tensor]], transport: str, rank: int, dtype: torch.dtype
+    weights: Iterable[tuple[str, torch.Tensor]],
+    transport: str,
+    rank: int,
+    dtype: torch.dtype,
+    buffer_bytes: int,
 ) -> None:
     """A sync on trainer ranks other than 0 (a collective: every rank iterates the export).
     "objstore" and "nccl" send from rank 0 only: drain. "ipc": every colocated rank shares
-    its own GPU's copy, so each joins vLLM's handle exchange (no client: rank 0 drives)."""
+    its own GPU's copy, so each joins vLLM's handle exchange (no client: rank 0 drives),
+    with rank 0's staging buffer size `buffer_bytes` (`fleet.packed_bytes`)."""
     from megatron_seed.rollout.weight_sync import drain
 
     if transport != "ipc":
@@ -262,6 +267,20 @@ def follow_sync(
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-    info = IPCTrainerInitInfo(rank=rank, packed=True)
+    info = IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=buffer_bytes)
     source = ExportSource(weights, dtype=dtype)
     WeightTransferTrainerFactory.trainer_init(info, client=None, source=source).send_weights()
+
+
+def trainer_init_info(transport: str, bucket_bytes: int, world_size: int) -> Any:
+    """vLLM's trainer init info of a transport for trainer rank 0 (the sender): the packed
+    buffer of IPC/NCCL is `bucket_bytes` (`fleet.packed_bytes`)."""
+    if transport == "objstore":
+        return ObjectStoreTrainerInitInfo(rank=0, bucket_bytes=bucket_bytes)
+    if transport == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+        return IPCTrainerInitInfo(rank=0, packed=True, packed_buffer_size_bytes=bucket_bytes)
+    info = nccl_init_info(world_size)
+    info.packed_buffer_size_bytes = bucket_bytes
+    return info

@@ -100,7 +100,11 @@ class FakeEngineActor:
         return len(pairs)
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.init_info = dict(init_info)
         self._log("init")
+
+    def get_init_info(self) -> dict[str, Any]:
+        return getattr(self, "init_info", {})
 
     def shutdown_weight_transfer_engine(self) -> None:
         self._log("shutdown")

@@ -171,6 +171,19 @@ def test_fleet_needs_ray_and_a_model_dir(tmp_path):
 
 
 def test_state_replays_partially_overridden_syncs_in_order():
+    import ray
+
+    started = not ray.is_initialized()
+    if started:  # the state keeps its buckets in Ray's object store
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        _state_replays(ray)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _state_replays(ray):
     state = _FleetState()
 
     def bucket(names, value):
@@ -183,7 +196,7 @@ def test_state_replays_partially_overridden_syncs_in_order():
     state.commit()
     replay = {}
     for b in state.kept:
-        replay.update(dict(ws.unflatten_bucket(b.bucket)))
+        replay.update(dict(ws.unflatten_bucket(ray.get(b.ref))))
     assert {k: float(v[0]) for k, v in replay.items()} == {"a": 1.0, "b": 2.0, "c": 1.0}
     assert len(state.kept) == 3
     state.stage(bucket(["a", "b", "c"], 3))  # full sync drops everything older

@@ -190,6 +190,56 @@ def test_a_transfer_that_needs_every_engine_fails_naming_the_stalled_one(ray_gpu
         ray.kill(e)
 
 
+def test_nccl_engines_take_consecutive_ranks_of_one_group(ray_gpus, tmp_path):
+    """vLLM's NCCL sender gives every worker rank_offset 1; engine i's TP workers must
+    start at 1 + i * TP."""
+    ray = ray_gpus
+    from megatron_seed.rollout.fleet import _SyncClient
+
+    actor = ray.remote(FakeEngineActor)
+    engines = [actor.remote("x", {"seed": i}, 1) for i in range(3)]
+    client = _SyncClient(engines, timeout_s=30.0, needs_all=True, ranks_per_engine=2)
+    client.init_weight_transfer_engine({"rank_offset": 1, "world_size": 7, "master_port": 1})
+    infos = ray.get([e.get_init_info.remote() for e in engines])
+    assert [i["rank_offset"] for i in infos] == [1, 3, 5]
+    assert {i["world_size"] for i in infos} == {7}
+    for e in engines:
+        ray.kill(e)
+
+
+def test_packed_buffers_fit_the_largest_tensor():
+    from vllm.distributed.weight_transfer.base import ParamMeta
+
+    from megatron_seed.rollout.fleet import packed_bytes
+
+    meta = [ParamMeta("emb", torch.bfloat16, (152064, 3584)), ParamMeta("n", torch.float32, (8,))]
+    assert packed_bytes(64 << 20, meta) == 152064 * 3584 * 2  # > 1 GiB: vLLM's default
+    assert packed_bytes(64 << 20, None) == 64 << 20
+
+
+def test_a_sync_that_fails_midway_leaves_every_engine_on_the_last_synced_weights(
+    ray_gpus, model_dir, tmp_path
+):
+    ray = ray_gpus
+    fleet = _fleet(model_dir, tmp_path)
+    try:
+        good = _weights(7)
+        fleet.update_weights(iter(good), bucket_bytes=1500)
+
+        def broken():
+            yield from _weights(8)[:5]
+            raise RuntimeError("the trainer's export failed")
+
+        with pytest.raises(RuntimeError, match="export failed"):
+            fleet.update_weights(broken(), bucket_bytes=1500)
+        assert fleet.restarts == [0, 0]  # finished and replayed, not restarted
+        for held in _engine_weights(ray, fleet):
+            assert all(torch.equal(held[n], t) for n, t in good)
+        ray.get([e.start_weight_update.remote() for e in fleet._engines])  # not stuck
+    finally:
+        fleet.close()
+
+
 def test_a_stuck_transfer_raises_once_nothing_moves_for_the_timeout():
     import threading
 
@@ -215,8 +265,12 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
     recorder = ray.remote(Recorder).options(name="colocation-events").remote()
     fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_recorder": "colocation-events"})
 
+    from megatron_seed.models.qwen import QwenSpec
+    from megatron_seed.testbed.tiny import TINY_QWEN2
+
     class Trainer:
-        seq_multiple, precision, spec = 1, "fp32", None
+        seq_multiple, precision = 1, "fp32"
+        spec = QwenSpec.from_hf_config(TINY_QWEN2)
         state = type("S", (), {"data_position": 0, "step": 0})()
 
         def train_step(self, pb):

@@ -543,6 +543,10 @@ def test_nccl_settings_the_weight_port_and_paths_reach_every_step(
     assert re.search(r"^#SBATCH --partition=gpu$", script, re.M)
     lines = _lines(script)  # exported before the first step
     assert _index(lines, "export SEED_MODEL_DIR") < _index(lines, "ray start --head")
+    from launch.slurm import SlurmOptions, job_env
+
+    exclusion = job_env(SlurmOptions(nccl_socket_ifname="^lo,docker"))
+    assert exclusion["NCCL_SOCKET_IFNAME"] == "^lo,docker" and "GLOO_SOCKET_IFNAME" not in exclusion
     bad = tmp_path / "bad.json"
     bad.write_text('{"nccl_interface": "ib0"}')
     argv = [
