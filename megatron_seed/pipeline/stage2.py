@@ -182,8 +182,9 @@ def sync(run: Run, verify: bool = True) -> dict[str, float]:
 
 def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dict[str, float]:
     """The `train` then `sync` phases. With colocated engines (`fleet.colocate`) the GPUs
-    change hands around them: engines sleep -> train -> engines wake their weights -> sync
-    -> the trainer frees its cached activations -> engines wake their KV cache."""
+    change hands around them: engines sleep -> the trainer takes back its optimizer state
+    -> train -> engines wake their weights -> sync -> the trainer offloads its optimizer
+    state and frees its gradients and cached activations -> engines wake their KV cache."""
     fleet = run.side.session.fleet if run.side.session is not None else None
     colocate = run.cfg.fleet.colocate
     metrics: dict[str, float] = {}
@@ -191,6 +192,7 @@ def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dic
         if fleet is not None:
             fleet.sleep()
         _barrier()  # no rank allocates before every engine has let its GPU go
+        run.trainer.reclaim_memory()
     with timer.time("train"):
         metrics.update(train(run, records))
     if colocate and fleet is not None:

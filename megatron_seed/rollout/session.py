@@ -140,8 +140,8 @@ class RolloutSession:
         if fleet is None and fleet_address is not None:
             from megatron_seed.rollout.fleet import Fleet
 
-            f = cfg.fleet  # close() leaves its engines running
-            fleet = Fleet.connect(fleet_address, f.transport, f.replay, replay_dir)
+            # the owner's transport, deadlines and replay copy; close() leaves it running
+            fleet = Fleet.connect(fleet_address)
             self._owned.append(fleet)
         elif fleet is None:
             fleet = start_fleet(cfg, model_dir, replay_dir)

@@ -162,6 +162,7 @@ class SeedTrainer:
             self.ref_model.requires_grad_(False)
         self.state = TrainerState()
         self._metric_keys = _metric_keys(cfg)
+        self._released = False  # optimizer state and grad buffers off the GPU
 
     @property
     def seq_multiple(self) -> int:
@@ -179,10 +180,25 @@ class SeedTrainer:
             self.model.start_param_sync(force_sync=True)
 
     def release_memory(self) -> None:
-        """Return the allocator's cached blocks (the last step's activations) to the GPU,
-        for engines that share it (colocated mode)."""
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        """Give the GPU to engines that share it (colocated mode, while they generate): the
+        optimizer state (fp32 master weights, Adam moments) moves to host memory, the fp32
+        gradient buffers are freed, and the allocator's cached blocks (the last step's
+        activations) go back to the device (megatron-core's RL offload; GPU only). The
+        bf16 weights stay: the next sync reads them. `reclaim_memory` undoes it."""
+        if not torch.cuda.is_available() or self._released:
+            return
+        self.optimizer.offload_to_cpu()
+        self.model.offload_grad_buffers()
+        torch.cuda.empty_cache()
+        self._released = True
+
+    def reclaim_memory(self) -> None:
+        """Optimizer state and gradient buffers back on the GPU before training."""
+        if not self._released:
+            return
+        self.optimizer.restore_from_cpu()
+        self.model.restore_grad_buffers()
+        self._released = False
 
     def export_weights(self, dtype: torch.dtype | None = None):
         """`export_hf_weights` of the current policy (a collective over all trainer ranks)."""

@@ -254,7 +254,8 @@ def test_a_stuck_transfer_raises_once_nothing_moves_for_the_timeout():
 
 
 def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
-    """engines sleep -> train -> engines wake their weights -> sync -> the trainer frees its
+    """engines sleep -> the trainer takes its optimizer state back -> train -> engines wake
+    their weights -> sync -> the trainer offloads optimizer state, gradients and cached
     activations -> engines wake their KV cache."""
     ray = ray_gpus
     from megatron_seed.config import SeedConfig
@@ -284,6 +285,9 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
         def release_memory(self):
             stage2_record("trainer:release")
 
+        def reclaim_memory(self):
+            stage2_record("trainer:reclaim")
+
     def stage2_record(event):
         ray.get(recorder.add.remote(event))
 
@@ -307,6 +311,6 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
         if not phases or phases[-1] != step:
             phases.append(step)
     assert phases == [
-        "sleep:1", "trainer:train", "wake:weights", "trainer:export", "start", "finish",
-        "trainer:release", "wake:kv_cache",
+        "sleep:1", "trainer:reclaim", "trainer:train", "wake:weights", "trainer:export",
+        "start", "finish", "trainer:release", "wake:kv_cache",
     ], events  # fmt: skip

@@ -290,3 +290,43 @@ def test_weights_are_gathered_before_anything_reads_them(monkeypatch):
     trainer.model.ddp_config.overlap_param_gather = False  # no overlap: already gathered
     list(trainer.export_weights())
     assert calls == [("export", None)]
+
+
+def test_colocated_trainer_hands_its_optimizer_and_grads_to_the_engines(monkeypatch):
+    """release_memory: optimizer state to host, grad buffers freed (megatron-core's RL
+    offload), once; reclaim_memory brings both back; nothing happens on the CPU."""
+    from megatron_seed.train.trainer import SeedTrainer
+
+    calls = []
+
+    class Optimizer:
+        def offload_to_cpu(self):
+            calls.append("optimizer->cpu")
+
+        def restore_from_cpu(self):
+            calls.append("optimizer->gpu")
+
+    class Model:
+        def offload_grad_buffers(self):
+            calls.append("grads freed")
+
+        def restore_grad_buffers(self):
+            calls.append("grads back")
+
+    trainer = object.__new__(SeedTrainer)
+    trainer.optimizer, trainer.model, trainer._released = Optimizer(), Model(), False
+    trainer.release_memory()  # CPU: nothing to hand over
+    assert calls == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("cache emptied"))
+    trainer.release_memory()
+    trainer.release_memory()  # idempotent
+    trainer.reclaim_memory()
+    trainer.reclaim_memory()
+    assert calls == [
+        "optimizer->cpu",
+        "grads freed",
+        "cache emptied",
+        "optimizer->gpu",
+        "grads back",
+    ]
