@@ -445,10 +445,12 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     if _rank() == 0:
         (out / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
-    side: RolloutSide | NoRollout = NoRollout()
+
+    def rollout_side() -> RolloutSide | NoRollout:
+        return RolloutSide(job, tokenizer, fleet, pool) if _rank() == 0 else NoRollout()
+
     if cfg.fleet.colocate:  # engines size their GPU share before the trainer allocates
-        if _rank() == 0:
-            side = RolloutSide(job, tokenizer, fleet, pool)
+        side = rollout_side()
         _barrier()
     start = time.perf_counter()
     trainer = SeedTrainer(cfg, job.model_dir)
@@ -460,10 +462,9 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
         f"{where}: trainer built in {took:.1f} s" + (f", resumed {resumed}" if resumed else ""),
         flush=True,
     )
-    if _rank() == 0:
-        if not cfg.fleet.colocate:
-            side = RolloutSide(job, tokenizer, fleet, pool)
-        assert isinstance(side, RolloutSide)
+    if not cfg.fleet.colocate:
+        side = rollout_side()
+    if isinstance(side, RolloutSide):
         side.log.truncate_after(trainer.state.step)
         (out / "trajectories").mkdir(parents=True, exist_ok=True)
         cfg.save(out / "config.json")

@@ -106,9 +106,8 @@ class VLLMEngine:
             )
         from vllm import LLM
 
+        # the worker registers "objstore" when it imports EXTENSION_CLS (worker_extension)
         from megatron_seed.rollout import transfer
-
-        transfer.register()  # this process's factories know "objstore" before the LLM exists
 
         kwargs: dict[str, Any] = dict(
             model=self.model_dir,

@@ -201,9 +201,6 @@ class _FleetState:
     def get_engines(self) -> list[Any]:
         return self.engines
 
-    def syncs_done(self) -> int:
-        return self.syncs
-
     def set_settings(self, settings: dict[str, Any]) -> None:
         self.settings = dict(settings)
 
@@ -251,10 +248,7 @@ class _Replay:
     and handed to the state actor ("memory") or written as safetensors ("disk")."""
 
     def __init__(self, state: Any, mode: str, folder: str | None, bucket_bytes: int) -> None:
-        if mode not in ("memory", "disk", "off"):
-            raise ValueError(f"replay must be memory, disk or off, got {mode!r}")
-        if mode == "disk" and not folder:
-            raise ValueError("replay='disk' needs a replay_dir")
+        _check_replay(mode, folder)
         self.state, self.mode, self.bucket_bytes = state, mode, bucket_bytes
         self.folder = Path(folder, uuid.uuid4().hex[:12]) if mode == "disk" else None
         self.pending: list[tuple[str, torch.Tensor]] = []
@@ -276,22 +270,30 @@ class _Replay:
 
     def flush(self) -> None:
         """Hand the open bucket over."""
+        if self.pending:
+            self.add_bucket(self.pending)
+        self.pending, self.size = [], 0
+
+    def add_bucket(self, bucket: list[tuple[str, torch.Tensor]], ref: Any = None) -> None:
+        """Keep one whole bucket (host tensors; `ref`: the same bucket already flattened in
+        the object store)."""
         import ray
 
-        if not self.pending:
+        self.last_add = time.monotonic()
+        if self.mode == "off":
             return
-        names = [n for n, _ in self.pending]
         if self.mode == "memory":
-            self.acks.append(self.state.stage.remote(ray.put(flatten_bucket(self.pending))))
+            ref = ref if ref is not None else ray.put(flatten_bucket(bucket))
+            self.acks.append(self.state.stage.remote(ref))
         else:
             from safetensors.torch import save_file
 
             assert self.folder is not None
             self.folder.mkdir(parents=True, exist_ok=True)
             path = self.folder / f"bucket_{self.count:05d}.safetensors"
-            save_file({n: t.contiguous() for n, t in self.pending}, str(path))
-            self.acks.append(self.state.stage_file.remote(names, str(path)))
-        self.pending, self.size, self.count = [], 0, self.count + 1
+            save_file({n: t.contiguous() for n, t in bucket}, str(path))
+            self.acks.append(self.state.stage_file.remote([n for n, _ in bucket], str(path)))
+        self.count += 1
 
     def commit(self) -> None:
         """The sync finished: it becomes the replay copy (older overridden files deleted)."""
@@ -309,6 +311,14 @@ class _Replay:
         with contextlib.suppress(Exception):
             ray.get(self.acks)
         _remove(ray.get(self.state.abort.remote()))
+
+
+def _check_replay(mode: str, folder: str | None) -> None:
+    """`ValueError` unless (mode, folder) is a replay copy `_Replay` can keep."""
+    if mode not in ("memory", "disk", "off"):
+        raise ValueError(f"replay must be memory, disk or off, got {mode!r}")
+    if mode == "disk" and not folder:
+        raise ValueError("replay='disk' needs a replay_dir")
 
 
 def _remove(files: list[str]) -> None:
@@ -412,13 +422,6 @@ class _SyncClient:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._drain()
         self._settle(self._fan("finish_weight_update"))
-
-
-def ray_get(refs: Any, timeout_s: float) -> Any:
-    """`ray.get` with a deadline."""
-    import ray
-
-    return ray.get(refs, timeout=timeout_s)
 
 
 def packed_bytes(bucket_bytes: int, meta: list[Any] | None) -> int:
@@ -527,7 +530,7 @@ class Fleet:
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise FileNotFoundError(f"no config.json in model dir {model_dir!r}")
         vllm_backend(transport)  # fail early on a name vLLM would reject at the first sync
-        _Replay(None, replay, replay_dir, 1)  # the same for the replay options
+        _check_replay(replay, replay_dir)
         self.model_dir = str(model_dir)
         self.engine_kwargs = {**(engine_kwargs or {}), "weight_transfer": transport}
         self.engine_tp = int(self.engine_kwargs.get("tensor_parallel_size", 1))
@@ -709,7 +712,7 @@ class Fleet:
         self._nodes[index] = ray.get(self._engines[index].node.remote())
         self._drop_nccl()  # the group lost a member: rebuilt (new port) at the next sync
         refs = ray.get(self._state.synced_refs.remote())
-        if not refs and ray.get(self._state.syncs_done.remote()) and self.replay == "off":
+        if self.replay == "off":
             log.warning(
                 "engine %d restarted from %s: the replay copy is off", index, self.model_dir
             )
@@ -853,8 +856,7 @@ class Fleet:
             weights = ((n, ckpt.get(n).to(dtype)) for n in ckpt.names())
             for bucket in iter_buckets(weights, bucket_bytes):
                 ref = ray.put(flatten_bucket(bucket))
-                for name, t in bucket:
-                    replay.add(name, t)
+                replay.add_bucket(bucket, ref)
                 self._run([_Work(e, [0], "load_bucket", (ref,)) for e in range(self.num_engines)])
                 total += sum(tensor_bytes(t) for _, t in bucket)
                 tensors, buckets = tensors + len(bucket), buckets + 1
@@ -929,6 +931,7 @@ class Fleet:
 
     def _sender(self, client: _SyncClient, source: Any, bucket_bytes: int) -> Any:
         """vLLM's trainer-side engine for this sync (the NCCL one, and its group, reused)."""
+        import ray
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from megatron_seed.rollout import transfer
@@ -941,7 +944,7 @@ class Fleet:
             # members of the old group leave it before the new one forms (on a new port)
             for ref in client._fan("shutdown_weight_transfer_engine").values():
                 with contextlib.suppress(Exception):
-                    ray_get(ref, self.sync_timeout_s)
+                    ray.get(ref, timeout=self.sync_timeout_s)
             self._nccl_stale = False
         world = 1 + len(self._engines) * self.engine_tp
         info = transfer.trainer_init_info(self.transport, bucket_bytes, world)
@@ -972,8 +975,9 @@ class Fleet:
             if e in broken:
                 continue
             try:
-                ray_get(engine.finish_weight_update.remote(), self.sync_timeout_s)
-                ray_get([engine.load_bucket.remote(r) for r in refs], self.sync_timeout_s)
+                ray.get(engine.finish_weight_update.remote(), timeout=self.sync_timeout_s)
+                refs_loaded = [engine.load_bucket.remote(r) for r in refs]
+                ray.get(refs_loaded, timeout=self.sync_timeout_s)
             except Exception as exc:
                 broken[e] = f"left broken by a failed sync ({type(exc).__name__})"
         for e, reason in sorted(broken.items()):
