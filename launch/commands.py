@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launch.layout import trainer_memory_gib
+from launch.layout import colocated_memory_gib, trainer_memory_gib
 from launch.plan import JobCommand, LaunchPlan, PlanError, make_plan
 from megatron_seed import recipes
 from megatron_seed.errors import CommandError
@@ -37,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lay.add_argument("--gpus-per-node", type=int)
     lay.add_argument("--fleet-gpus", type=int, help="fleet GPUs in total (split evenly over nodes)")
     lay.add_argument("--engine-tp", type=int, help="GPUs per vLLM engine")
+    lay.add_argument(
+        "--colocate",
+        action="store_true",
+        help="engines share every GPU with the trainer, sleeping while it trains "
+        "(fleet.colocate, CUDA IPC weight transfer)",
+    )
     lay.add_argument("--config-json", help="SeedConfig overrides as JSON, e.g. '{\"updates\": 50}'")
     lay.add_argument(
         "--job",
@@ -106,7 +112,15 @@ def memory_summary(plan: LaunchPlan) -> str:
         return head + "; CPU job"
     mem = trainer_memory_gib(plan.recipe.model, p, plan.dp, plan.layout)
     parts = ", ".join(f"{k} {v:.1f}" for k, v in mem.items() if k != "total")
-    return f"{head}; trainer ~{mem['total']:.0f} GiB/GPU ({parts})"
+    line = f"{head}; trainer ~{mem['total']:.0f} GiB/GPU ({parts})"
+    if plan.layout.colocated:
+        util = plan.config.fleet.gpu_memory_utilization
+        phases = colocated_memory_gib(plan.recipe.model, p, plan.dp, plan.layout, util)
+        line += (
+            f"; colocated: ~{phases['train']:.0f} GiB/GPU training (engines asleep), "
+            f"~{phases['generate']:.0f} GiB/GPU generating (engines at {util:g})"
+        )
+    return line
 
 
 def _plan(args: argparse.Namespace) -> LaunchPlan:
@@ -124,6 +138,7 @@ def _plan(args: argparse.Namespace) -> LaunchPlan:
             fleet_gpus=args.fleet_gpus,
             engine_tp=args.engine_tp,
             config_json=args.config_json,
+            colocate=args.colocate,
         )
     except PlanError as err:
         raise CommandError(str(err)) from None

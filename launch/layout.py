@@ -6,6 +6,11 @@ next `fleet_gpus_per_node` GPUs belong to the node's Ray worker, on which the vL
 places its engines (`engine_tp` GPUs each, never across nodes). The trainer therefore has
 `nodes * trainer_ranks_per_node` ranks, the fleet `nodes * fleet_gpus_per_node` GPUs.
 
+Colocated (`fleet.colocate`, `ClusterLayout.colocated`): every GPU of a node holds one
+trainer rank and one engine worker; the engines sleep while the trainer trains and the trainer
+offloads its gradients and optimizer state while the engines generate, so the memory check
+has two phases (`colocated_memory_gib`).
+
 `ModelShape` (`megatron_seed.recipes`) holds only what the launcher needs before any
 checkpoint is at hand (parameter count, divisibility). The engines' TP is the config's
 (`FleetConfig.engine_tp`). At train time the model is built from the checkpoint's own
@@ -14,7 +19,7 @@ checkpoint is at hand (parameter count, divisibility). The engines' TP is the co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from megatron_seed.config import ParallelConfig, SeedConfig
 from megatron_seed.recipes import ModelShape
@@ -46,10 +51,22 @@ class ClusterLayout:
     # Tokens in one trainer micro-batch (packed trajectories, full-history mode).
     tokens_per_micro_batch: int = 8192
     device: str = "cuda"  # "cuda": real GPUs; "cpu": a CPU job (GPUs as placement slots)
+    # trainer ranks and engines share every GPU (then both per-node counts = gpus_per_node)
+    colocated: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise LayoutError(f"layout device must be 'cuda' or 'cpu', got {self.device!r}")
+
+    def colocate(self) -> ClusterLayout:
+        """This layout with every GPU of a node shared by a trainer rank and an engine."""
+        n = self.gpus_per_node
+        return replace(self, colocated=True, trainer_ranks_per_node=n, fleet_gpus_per_node=n)
+
+    @property
+    def fleet_first_gpu(self) -> int:
+        """A node's first fleet GPU: after the trainer's, or GPU 0 when they share them."""
+        return 0 if self.colocated else self.trainer_ranks_per_node
 
     @property
     def on_gpu(self) -> bool:
@@ -105,16 +122,53 @@ def engine_weights_gib(model: ModelShape, engine_tp: int) -> float:
     return 2 * model.params / engine_tp / GIB
 
 
+# What a sleeping vLLM engine keeps on its GPU (CUDA context, NCCL and graph pools): level-1
+# sleep moves the weights to host memory and drops the KV cache.
+ENGINE_ASLEEP_GIB = 1.5
+
+
+def colocated_memory_gib(
+    model: ModelShape,
+    parallel: ParallelConfig,
+    dp: int,
+    layout: ClusterLayout,
+    gpu_memory_utilization: float,
+) -> dict[str, float]:
+    """Peak GiB of one shared GPU in each phase of a colocated update.
+
+    "train": the trainer's whole estimate (`trainer_memory_gib`) next to a sleeping engine
+    (`ENGINE_ASLEEP_GIB`). "generate": the engine's `gpu_memory_utilization` share of the GPU
+    next to what the trainer keeps while it waits: its bf16 weights, the reference and the
+    runtime (gradient buffers freed, optimizer state offloaded to host memory:
+    `SeedTrainer.release_memory`)."""
+    trainer = trainer_memory_gib(model, parallel, dp, layout)
+    resident = trainer["weights_bf16"] + trainer["reference_bf16"] + trainer["runtime"]
+    return {
+        "train": trainer["total"] + ENGINE_ASLEEP_GIB,
+        "generate": resident + gpu_memory_utilization * layout.gpu_memory_gib,
+        "trainer_resident": resident,
+    }
+
+
 def check_layout(model: ModelShape, config: SeedConfig, layout: ClusterLayout, nodes: int) -> None:
     """Raise `LayoutError` (one line) unless the layout runs on `nodes` nodes and fits memory."""
     parallel, engine_tp = config.parallel, config.fleet.engine_tp
     tp, pp = parallel.tp, parallel.pp
     if nodes < 1:
         raise LayoutError(f"--nodes must be >= 1, got {nodes}")
+    if layout.colocated and not layout.has_gpus:
+        raise LayoutError("colocated engines share the trainer's GPUs: the layout has none")
     if layout.trainer_ranks_per_node < 1:
         raise LayoutError(
             f"no GPU left for the trainer: {layout.fleet_gpus_per_node} of "
             f"{layout.gpus_per_node} GPUs per node go to the fleet"
+        )
+    if layout.colocated and not (
+        layout.trainer_ranks_per_node == layout.fleet_gpus_per_node == layout.gpus_per_node
+    ):
+        raise LayoutError(
+            f"a colocated layout shares every GPU: {layout.gpus_per_node} per node, got "
+            f"{layout.trainer_ranks_per_node} trainer and {layout.fleet_gpus_per_node} fleet"
         )
     if layout.has_gpus:
         total = nodes * layout.gpus_per_node
@@ -124,7 +178,7 @@ def check_layout(model: ModelShape, config: SeedConfig, layout: ClusterLayout, n
                 f"the fleet needs {fleet} GPUs but {nodes} node(s) × {layout.gpus_per_node} "
                 f"GPUs have {total}"
             )
-        if fleet + nodes * layout.trainer_ranks_per_node > total:
+        if not layout.colocated and fleet + nodes * layout.trainer_ranks_per_node > total:
             raise LayoutError(
                 f"the fleet needs {fleet} GPUs and the trainer "
                 f"{nodes * layout.trainer_ranks_per_node}, but {nodes} node(s) x "
@@ -158,14 +212,33 @@ def check_layout(model: ModelShape, config: SeedConfig, layout: ClusterLayout, n
         if count % size:
             raise LayoutError(f"{model.hf_id}: {count} {name} are not divisible by {size}")
     if layout.on_gpu:
-        _check_memory(model, parallel, engine_tp, layout, world // (tp * pp))
+        _check_memory(model, config, layout, world // (tp * pp))
 
 
-def _check_memory(
-    model: ModelShape, parallel: ParallelConfig, engine_tp: int, layout: ClusterLayout, dp: int
-) -> None:
+def _check_memory(model: ModelShape, config: SeedConfig, layout: ClusterLayout, dp: int) -> None:
+    parallel, engine_tp = config.parallel, config.fleet.engine_tp
     budget = layout.gpu_memory_gib * layout.memory_headroom
+    if layout.colocated:
+        util = config.fleet.gpu_memory_utilization
+        phases = colocated_memory_gib(model, parallel, dp, layout, util)
+        if phases["generate"] > budget:
+            fits = (budget - phases["trainer_resident"]) / layout.gpu_memory_gib
+            raise LayoutError(
+                f"colocated: the engine's {util:g} of {layout.gpu_memory_gib:.0f} GiB and the "
+                f"trainer's resident ~{phases['trainer_resident']:.0f} GiB exceed the budget "
+                f"({budget:.0f} GiB): set fleet.gpu_memory_utilization <= "
+                f"{max(fits, 0.0) // 0.01 / 100:.2f} or raise TP×PP"
+            )
+        if engine_weights_gib(model, engine_tp) > util * layout.gpu_memory_gib / 2:
+            raise LayoutError(
+                f"colocated: a fleet engine's ~{engine_weights_gib(model, engine_tp):.0f} GiB "
+                f"of weights per GPU are over half its {util:g} share of "
+                f"{layout.gpu_memory_gib:.0f} GiB (no room for KV cache): raise engine TP or "
+                "fleet.gpu_memory_utilization"
+            )
     need = trainer_memory_gib(model, parallel, dp, layout)["total"]
+    if layout.colocated:
+        need += ENGINE_ASLEEP_GIB
     if need > budget:
         raise LayoutError(
             f"the trainer needs ~{need:.0f} GiB per GPU at TP={parallel.tp} PP={parallel.pp} "

@@ -11,7 +11,8 @@ cluster is at `RAY_ADDRESS` (Slurm; unset for a local run, where the job starts 
 Ray). The fleet's shape reaches the job through the config (`--config-json`): the plan sets
 `fleet.engines` (the fleet's GPUs / engine TP) and `fleet.gpus_per_engine` (= engine TP) from
 the layout; on a node, fleet GPUs are the CUDA devices after the first
-`trainer_ranks_per_node`.
+`trainer_ranks_per_node` (with `fleet.colocate`, all of a node's devices: engines and trainer
+ranks share them).
 """
 
 from __future__ import annotations
@@ -104,17 +105,23 @@ def make_plan(
     fleet_gpus: int | None = None,
     engine_tp: int | None = None,
     config_json: str | None = None,
+    colocate: bool = False,
 ) -> LaunchPlan:
     """Apply overrides to a recipe and validate the result (`PlanError` on bad input).
 
     `fleet_gpus` is the fleet's total over all nodes; it must split evenly across nodes, and
-    each node's remaining GPUs go to the trainer.
+    each node's remaining GPUs go to the trainer. `colocate`: the engines share every GPU
+    with the trainer (`fleet.colocate` with the "ipc" transport; also set by the config).
     """
     try:
         recipe = recipes.get(recipe_name)
     except KeyError as err:
         raise PlanError(err.args[0]) from None
     config = _apply_json(recipe.config, config_json)
+    if colocate:
+        config = dataclasses.replace(
+            config, fleet=dataclasses.replace(config.fleet, colocate=True, transport="ipc")
+        )
     if engine_tp is not None:
         if engine_tp < 1:
             raise PlanError(f"--engine-tp must be >= 1, got {engine_tp}")
@@ -133,6 +140,12 @@ def make_plan(
         raise PlanError(f"TP and PP must be >= 1, got TP={parallel.tp} PP={parallel.pp}")
     base = recipe_layout(recipe)
     layout = _layout(base, nodes, gpus_per_node, fleet_gpus)
+    if config.fleet.colocate:
+        if fleet_gpus is not None:
+            raise PlanError(
+                "--fleet-gpus does not apply to colocated engines (every GPU is shared)"
+            )
+        layout = layout.colocate()
     try:
         check_layout(recipe.model, config, layout, nodes)
     except LayoutError as err:

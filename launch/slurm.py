@@ -12,7 +12,8 @@ setup section we put the Ray bring-up, in this order:
 Then NeMo-Run's `srun ... torchrun ...` step starts the trainer ranks with `RAY_ADDRESS` set.
 Each node's first `trainer_ranks_per_node` GPUs are the trainer's (local rank = device), the
 next `fleet_gpus_per_node` the Ray worker's (`CUDA_VISIBLE_DEVICES` and `--num-gpus` on
-`ray start`: the engines' placement groups take them). Ray token authentication uses a
+`ray start`: the engines' placement groups take them); colocated, the Ray worker gets every
+GPU of the node, which the trainer ranks use too. Ray token authentication uses a
 random per-job token exported to every step. Every step also gets `job_env`: NCCL's network
 (`NCCL_SOCKET_IFNAME`, `NCCL_IB_HCA`, from a cluster profile or flags), async error handling
 and a collective timeout, the port of the trainer -> engines weight group, and the model,
@@ -123,7 +124,7 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
     step = f"srun --overlap --ntasks-per-node=1 {cflags}".rstrip()
     ray_env, gpus = "", f" --num-gpus={lay.fleet_gpus_per_node}"  # a CPU job: logical GPUs
     if lay.on_gpu:
-        first = lay.trainer_ranks_per_node
+        first = lay.fleet_first_gpu
         devices = ",".join(str(i) for i in range(first, first + lay.fleet_gpus_per_node))
         ray_env = f"env CUDA_VISIBLE_DEVICES={devices} "
     health = (

@@ -58,7 +58,9 @@ def init_ray(cfg: SeedConfig, address: str | None = None) -> None:
 
     A Ray started here on a machine without CUDA gets the fleet's GPUs as logical GPUs:
     engines that reserve GPUs (a launched CPU job's placement slots) then schedule exactly
-    as they would on GPU nodes."""
+    as they would on GPU nodes. On CUDA it gets the fleet's devices only (`fleet_devices`):
+    the raylet, started by `ray.init`, inherits `CUDA_VISIBLE_DEVICES` from this process
+    for that call."""
     import os
 
     import ray
@@ -67,12 +69,52 @@ def init_ray(cfg: SeedConfig, address: str | None = None) -> None:
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address is None and cfg.fleet.gpus_per_engine > 0:
+    gpus = math.ceil(cfg.fleet.engines * cfg.fleet.gpus_per_engine)
+    if address is None and gpus > 0:
         import torch
 
         if not torch.cuda.is_available():
-            kwargs["num_gpus"] = math.ceil(cfg.fleet.engines * cfg.fleet.gpus_per_engine)
+            kwargs["num_gpus"] = gpus
+        else:
+            trainer = 0 if cfg.fleet.colocate else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            devices = fleet_devices(
+                os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), trainer, gpus
+            )
+            with _environ(CUDA_VISIBLE_DEVICES=",".join(devices)):
+                ray.init(address=None, num_gpus=gpus, **kwargs)
+            return
     ray.init(address=address, **kwargs)
+
+
+def fleet_devices(visible: str | None, device_count: int, first: int, count: int) -> list[str]:
+    """The CUDA devices of a fleet Ray started on this node: `count` of them from the
+    `first`-th of this process's visible devices (`visible`: its `CUDA_VISIBLE_DEVICES`, or
+    None for all `device_count`). Trainer ranks hold the first devices (local rank = device),
+    so the fleet starts after them; colocated engines share them (`first=0`)."""
+    devices = visible.split(",") if visible else [str(i) for i in range(device_count)]
+    if first + count > len(devices):
+        raise ValueError(
+            f"the fleet needs {count} GPU(s) after the trainer's {first}, but this node has "
+            f"{len(devices)} visible"
+        )
+    return devices[first : first + count]
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Any:
+    """Set environment variables for the block, then restore them."""
+    import os
+
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def start_fleet(cfg: SeedConfig, model_dir: str | Path, replay_dir: str | None = None) -> Any:

@@ -406,6 +406,84 @@ def test_slurm_script_config_overrides_survive_quoting() -> None:
     assert "SEED_ENGINE_TP" not in script and "SEED_FLEET_GPUS" not in script
 
 
+# --- colocated engines: every GPU shared by a trainer rank and an engine ---------------------
+
+UTIL_04 = '{"fleet": {"gpu_memory_utilization": 0.4}}'
+
+
+def test_colocated_plan_shares_every_gpu_and_ray_gets_all_of_them() -> None:
+    plan = make_plan("qwen2.5-7b", 2, colocate=True, config_json=UTIL_04)
+    lay = plan.layout
+    assert lay.colocated and (lay.trainer_ranks_per_node, lay.fleet_gpus_per_node) == (8, 8)
+    assert (plan.trainer_world, plan.dp, plan.fleet_gpus) == (16, 8, 16)  # TP=2
+    fleet = plan.config.fleet
+    assert (fleet.engines, fleet.transport, fleet.colocate) == (16, "ipc", True)
+    script = render(plan, SlurmOptions(job_dir="/j"))
+    line = next(ln for ln in script.splitlines() if "torchrun " in ln)
+    assert "--nproc-per-node 8" in line
+    # the Ray worker sees the trainer's GPUs: the engines' placement groups share them
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in script and "--num-gpus=8" in script
+    overrides = json.loads(shlex.split(line.replace("$", "D"))[-1])
+    assert overrides["fleet"] == {
+        "colocate": True,
+        "transport": "ipc",
+        "engines": 16,
+        "gpus_per_engine": 1.0,
+        "gpu_memory_utilization": 0.4,
+    }
+
+
+def test_colocated_memory_is_checked_per_phase_against_hand_arithmetic() -> None:
+    from launch.layout import ENGINE_ASLEEP_GIB, colocated_memory_gib
+
+    plan = make_plan("qwen2.5-7b", 1, colocate=True, config_json=UTIL_04)
+    model, lay = plan.recipe.model, plan.layout
+    mem = trainer_memory_gib(model, plan.config.parallel, plan.dp, lay)
+    phases = colocated_memory_gib(model, plan.config.parallel, plan.dp, lay, 0.4)
+    params = model.params / plan.config.parallel.tp
+    resident = (2 * params + 2 * params) / 1024**3 + 4.0  # bf16 policy + reference + runtime
+    assert phases["trainer_resident"] == pytest.approx(resident)
+    assert phases["generate"] == pytest.approx(resident + 0.4 * 80)
+    assert phases["train"] == pytest.approx(mem["total"] + ENGINE_ASLEEP_GIB)
+    # the default 0.85 share leaves no room for the trainer: the error names what fits
+    with pytest.raises(PlanError, match=r"gpu_memory_utilization <= (0\.\d\d)") as info:
+        make_plan("qwen2.5-7b", 1, colocate=True)
+    fits = float(re.search(r"<= (0\.\d\d)", str(info.value)).group(1))
+    assert (0.9 * 80 - resident) / 80 - 0.01 < fits <= (0.9 * 80 - resident) / 80
+    at = '{"fleet": {"gpu_memory_utilization": %s}}'
+    make_plan("qwen2.5-7b", 1, colocate=True, config_json=at % fits)  # fits
+    with pytest.raises(PlanError, match="exceed the budget"):
+        make_plan("qwen2.5-7b", 1, colocate=True, config_json=at % round(fits + 0.02, 2))
+
+
+def test_colocated_bad_input_is_one_line() -> None:
+    with pytest.raises(PlanError, match="--fleet-gpus does not apply to colocated"):
+        make_plan("qwen2.5-7b", 1, colocate=True, fleet_gpus=4, config_json=UTIL_04)
+    with pytest.raises(PlanError, match="colocated engines share the trainer's GPUs"):
+        make_plan("default", colocate=True)  # a CPU job without GPU slots
+    with pytest.raises(LayoutError, match="a colocated layout shares every GPU"):
+        bad = dataclasses.replace(ClusterLayout(), colocated=True)  # 4 + 4, not shared
+        check_layout(recipes.get("qwen2.5-7b").model, recipes.get("qwen2.5-7b").config, bad, 1)
+
+
+def test_cli_colocate_flag_reaches_the_script(capsys) -> None:
+    argv = ["launch", "qwen2.5-7b", "--executor", "slurm", "--colocate", "--dryrun"]
+    assert cli.main([*argv, "--config-json", UTIL_04]) == 0
+    out, err = capsys.readouterr()
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in out
+    assert "colocated: ~" in err and "generating (engines at 0.4)" in err
+
+
+def test_a_local_fleet_on_cuda_takes_the_devices_after_the_trainer() -> None:
+    from megatron_seed.rollout.session import fleet_devices
+
+    assert fleet_devices(None, 8, 4, 4) == ["4", "5", "6", "7"]
+    assert fleet_devices(None, 8, 0, 8) == [str(i) for i in range(8)]  # colocated
+    assert fleet_devices("3,5,6,7", 4, 1, 2) == ["5", "6"]  # this process's view, mapped
+    with pytest.raises(ValueError, match="needs 4 GPU\\(s\\) after the trainer's 2"):
+        fleet_devices(None, 4, 2, 4)
+
+
 # --- run the rendered script with fake Slurm commands that log each step ----------------
 
 FAKE_SRUN = r"""#!/bin/bash
