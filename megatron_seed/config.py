@@ -92,6 +92,10 @@ class ParallelConfig(_Checked):
     # unusable (a GPU job never falls back to slow CPU training), "cpu" when CUDA is visible,
     # "auto" takes CUDA when it is there (the GPU recipes say "cuda")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # the output layer and cross entropy run over chunks of about this many tokens
+    # (models/chunked.py): float32 logits O(chunk x vocab / TP) instead of O(micro-batch
+    # tokens x vocab / TP); 0 scores the whole micro-batch at once
+    logit_chunk_tokens: int = _range(1024, 0)
 
 
 @dataclass(frozen=True)

@@ -298,6 +298,7 @@ def build_gpt_model(
     initialize: bool = True,
     main_grad: bool = False,
     sequence_parallel: bool | None = None,
+    logit_chunk_tokens: int = 0,
 ) -> Any:
     """This process's stage of the model for the initialised Megatron process groups.
 
@@ -306,10 +307,13 @@ def build_gpt_model(
     recompute in backward (`RECOMPUTE`); `initialize=False`: no random init (every weight is
     about to be loaded); `main_grad`: the model is trained under Megatron's DDP (TE's
     gradient-accumulation fusion); the GPU switches follow `gpu_switches`, and
-    `sequence_parallel` overrides that one (it runs on the CPU too).
+    `sequence_parallel` overrides that one (it runs on the CPU too); `logit_chunk_tokens` > 0:
+    the labelled forward scores the sequence in chunks of about that many tokens
+    (`models.chunked`: logits memory O(chunk x V/TP) instead of O(s x V/TP)).
     """
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
+
+    from megatron_seed.models.chunked import ChunkedLossGPTModel
 
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
@@ -324,7 +328,7 @@ def build_gpt_model(
     config = transformer_config(
         spec, tp, pp, precision, fp8_recipe, recompute, initialize, switches
     )
-    model = GPTModel(
+    model = ChunkedLossGPTModel(
         config=config,
         transformer_layer_spec=block_spec(config, spec, use_te, core_attention),
         vocab_size=spec.vocab_size,
@@ -336,6 +340,7 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_base=int(spec.rope_theta),
     )
+    model.logit_chunk_tokens = logit_chunk_tokens
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model

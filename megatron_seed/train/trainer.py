@@ -113,6 +113,7 @@ class SeedTrainer:
             recompute=par.recompute,
             initialize=False,
             main_grad=True,
+            logit_chunk_tokens=par.logit_chunk_tokens,
         )
         load_hf_weights(model, ckpt)
         on_gpu = torch.cuda.is_available()
@@ -156,7 +157,11 @@ class SeedTrainer:
         if reference:  # SFT needs none; RL needs it when beta_kl != 0
             # the policy's precision, FP8 included: the KL term starts at zero
             self.ref_model = build_gpt_model(
-                self.spec, precision=precision, fp8_recipe=par.fp8_recipe, initialize=False
+                self.spec,
+                precision=precision,
+                fp8_recipe=par.fp8_recipe,
+                initialize=False,
+                logit_chunk_tokens=par.logit_chunk_tokens,
             )
             load_hf_weights(self.ref_model, HFCheckpoint(ref_hf_dir or hf_dir))
             self.ref_model.requires_grad_(False)
