@@ -92,8 +92,9 @@ def trainer_memory_gib(
     layers: with `parallel.recompute="full"` the bf16 input of each such layer plus one
     layer's working set; otherwise ("none", or "selective", which only
     recomputes core attention) every local layer's working set. Then fp32 vocab-parallel
-    logits and their gradient (8*s*V/TP bytes), and 4 GiB for the CUDA context, NCCL buffers
-    and the allocator.
+    logits and their gradient for one chunk of `parallel.logit_chunk_tokens` tokens
+    (8*c*V/TP bytes, c = min(s, chunk); the whole micro-batch when chunking is off:
+    `models.chunked`), and 4 GiB for the CUDA context, NCCL buffers and the allocator.
     """
     tp, pp = parallel.tp, parallel.pp
     params_per_gpu = model.params / (tp * pp)
@@ -109,7 +110,7 @@ def trainer_memory_gib(
         "reference_bf16": 2 * params_per_gpu,
         "activations": 2 * s * model.hidden * layers / tp if full else working * layers,
         "recompute_layer": working if full else 0.0,
-        "logits_fp32": 8 * s * model.vocab / tp,
+        "logits_fp32": 8 * min(s, parallel.logit_chunk_tokens or s) * model.vocab / tp,
         "runtime": 4 * GIB,
     }
     gib = {k: v / GIB for k, v in parts.items()}
