@@ -341,9 +341,39 @@ def build_gpt_model(
         rotary_base=int(spec.rope_theta),
     )
     model.logit_chunk_tokens = logit_chunk_tokens
+    if not initialize:
+        mark_tensor_parallel(model)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def mark_tensor_parallel(model: Any) -> None:
+    """Mark the split weights of Megatron's own tensor-parallel layers as split.
+
+    Megatron sets `tensor_model_parallel` / `partition_dim` on a `ColumnParallelLinear`,
+    `RowParallelLinear` or `VocabParallelEmbedding` weight only while initialising it, so a
+    model built with `perform_initialization=False` (every weight about to be loaded) has
+    unmarked shards. Everything that tells a shard from a TP duplicate then counts them as
+    duplicates: the gradient norm (hence clipping) sums them on TP rank 0 only. Transformer
+    Engine's layers mark their weights themselves; this adds only what is missing."""
+    from megatron.core.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+    )
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear | VocabParallelEmbedding):
+            dim = 0  # output rows (vocabulary rows) are split
+        elif isinstance(module, RowParallelLinear):
+            dim = 1  # input columns are split
+        else:
+            continue
+        weight = getattr(module, "weight", None)
+        if weight is not None and not hasattr(weight, "tensor_model_parallel"):
+            set_tensor_model_parallel_attributes(weight, True, dim, 1)
 
 
 def te_available() -> bool:
