@@ -18,6 +18,10 @@ from megatron_seed.errors import CommandError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("megatron_seed.models.commands_convert", "convert HF <-> Megatron checkpoints"),
+    "init-model": (
+        "megatron_seed.models.commands_init",
+        "write a random-weight checkpoint of a real Qwen shape (tokenizer, chat template)",
+    ),
     "check-parity": (
         "megatron_seed.models.commands_parity",
         "compare per-token log-probs of a HF checkpoint: transformers vs megatron-seed",

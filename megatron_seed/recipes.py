@@ -5,7 +5,8 @@ A recipe is a function returning a `Recipe`: a model shape, a `SeedConfig` that 
 defaults in `megatron_seed/config.py`), and the changes to the launcher's per-node GPU split
 (`launch.layout.ClusterLayout`; empty for the 8-GPU default). The fleet's shape (engines,
 engine TP, GPUs per engine) is part of the config; the launch plan fills it in from the
-cluster it is given. `SHAPES` is the one table of model shapes.
+cluster it is given. `SHAPES` is the one table of model shapes: the launcher sizes jobs
+from it and `seed init-model --shape NAME` writes a random checkpoint of any `Qwen/` one.
 
 Memory notes (80 GB GPUs, 8 per node, half for the trainer and half for the fleet unless
 stated; numbers from `launch.layout.trainer_memory_gib`, which spells out the arithmetic;
@@ -59,6 +60,16 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool
     qkv_bias: bool = True  # Qwen2/2.5: bias on q/k/v; Qwen3: none (it has q/k norms instead)
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k (`q_norm`, `k_norm`)
+    # the rest of config.json that `seed init-model` writes (published values)
+    rope_theta: float = 1_000_000.0
+    max_position: int = 32768  # max_position_embeddings
+    rms_norm_eps: float = 1e-6
+
+    @property
+    def model_type(self) -> str:
+        """HF `model_type`: "qwen3" for the q/k-norm family, else "qwen2" (Qwen2 and 2.5)."""
+        return "qwen3" if self.qk_norm else "qwen2"
 
     @property
     def params(self) -> int:
@@ -68,6 +79,8 @@ class ModelShape:
         attn = self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden
         if self.qkv_bias:
             attn += q_out + 2 * kv_out
+        if self.qk_norm:
+            attn += 2 * self.head_dim
         mlp = 3 * self.hidden * self.ffn  # gate, up, down
         norms = 2 * self.hidden
         embed = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
@@ -102,8 +115,13 @@ def _engine_tp(config: SeedConfig, tp: int) -> SeedConfig:
     return dataclasses.replace(config, fleet=dataclasses.replace(config.fleet, engine_tp=tp))
 
 
-# Architecture numbers from each model's HF config.json.
-QWEN3_1_7B = ModelShape("Qwen/Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936, True, False)
+# Architecture numbers from each model's HF config.json. All Qwen2.5 sizes: rope_theta 1e6,
+# max_position_embeddings 32768, rms_norm_eps 1e-6 (the defaults); Qwen3: 40960 positions.
+_QWEN3 = dict(qkv_bias=False, qk_norm=True, max_position=40960)
+QWEN3_0_6B = ModelShape("Qwen/Qwen3-0.6B", 28, 1024, 16, 8, 128, 3072, 151936, True, **_QWEN3)
+QWEN3_1_7B = ModelShape("Qwen/Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936, True, **_QWEN3)
+QWEN2_5_0_5B = ModelShape("Qwen/Qwen2.5-0.5B-Instruct", 24, 896, 14, 2, 64, 4864, 151936, True)
+QWEN2_5_1_5B = ModelShape("Qwen/Qwen2.5-1.5B-Instruct", 28, 1536, 12, 2, 128, 8960, 151936, True)
 QWEN2_5_3B = ModelShape("Qwen/Qwen2.5-3B-Instruct", 36, 2048, 16, 2, 128, 11008, 151936, True)
 QWEN2_5_7B = ModelShape("Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944, 152064, False)
 QWEN2_5_14B = ModelShape("Qwen/Qwen2.5-14B-Instruct", 48, 5120, 40, 8, 128, 13824, 152064, False)
@@ -114,7 +132,10 @@ TINY = ModelShape("tiny", 2, 64, 2, 1, 32, 128, 512, True)
 # The default job's base policy (`megatron_seed.testbed.base_policy`, vocab about 1,024).
 TINY_BASE = ModelShape("tiny-base", 3, 128, 4, 2, 32, 256, 1024, True)
 SHAPES: dict[str, ModelShape] = {
+    "qwen3-0.6b": QWEN3_0_6B,
     "qwen3-1.7b": QWEN3_1_7B,
+    "qwen2.5-0.5b": QWEN2_5_0_5B,
+    "qwen2.5-1.5b": QWEN2_5_1_5B,
     "qwen2.5-3b": QWEN2_5_3B,
     "qwen2.5-7b": QWEN2_5_7B,
     "qwen2.5-14b": QWEN2_5_14B,

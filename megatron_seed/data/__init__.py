@@ -25,7 +25,9 @@ from megatron_seed.data.sequences import (
     TokenSequence,
     build_sequences,
     check_actions,
+    check_chat_template,
     check_pair,
+    default_system_prompt,
     insert_skill,
 )
 from megatron_seed.data.tokenizer import ENDOFTEXT, IM_END, IM_START, check_tokenizer
@@ -48,9 +50,11 @@ __all__ = [
     "align_teacher",
     "build_sequences",
     "check_actions",
+    "check_chat_template",
     "check_pair",
     "check_tokenizer",
     "collate",
+    "default_system_prompt",
     "insert_skill",
     "read_jsonl",
     "write_jsonl",

@@ -116,7 +116,8 @@ class TrajectoryRecord:
     status: Status = Status.OK
     env: str = ""  # the environment's name (`envs.spec.get_env`); "" for synthetic records
     history_mode: HistoryMode = "full"
-    system_prompt: str | None = None  # None: the chat has no system message
+    # None: the environment gives none (ChatBuilder then uses the chat template's default)
+    system_prompt: str | None = None
     # the line of a prompt after which H inserts a skill starts with this (the environment's
     # task line); None: the environment has none (skills go to the system prompt)
     task_marker: str | None = None

@@ -20,6 +20,21 @@ response limit, or stopped on another token) the builder closes the message with
 "<|im_end|>\\n", which is template, not a loss token. For an action whose ids are
 `encode(text) + [<|im_end|>]`, the result equals `tokenizer.apply_chat_template`.
 
+The checkpoint's own chat template is followed where it differs in known ways, and checked:
+- a template that inserts a default system prompt into a chat without one (Qwen2.5: "You
+  are Qwen, created by Alibaba Cloud. ...") has the builder insert the same one when it is
+  given none (`default_system_prompt`);
+- Qwen3's template (default, thinking mode) renders the generation prompt as
+  ``<|im_start|>assistant\\n`` and earlier assistant turns as their text with any
+  ``<think>`` block removed; the builder keeps every action verbatim, so for actions
+  without a think block its prompts are the template's. (The template also gives a chat's
+  final assistant message an empty ``<think>\\n\\n</think>\\n\\n``: its rendering of a
+  reply it did not see sampled; a builder sequence holds the sampled ids instead.
+  ``enable_thinking=False`` puts that empty block into every generation prompt but not
+  into the history, which no prefix-extending chat can follow: the builder does not.)
+`check_chat_template` renders a probe chat both ways at every turn and fails loud at the
+first differing token; `ChatBuilder` runs it once per tokenizer and template.
+
 History modes: `full` scores every turn of a trajectory in one sequence (the paper's h_t);
 `window` gives one sequence per turn whose single user message (the turn's observation)
 already holds the rendered last-k history (the reference code's layout).
@@ -29,8 +44,9 @@ from __future__ import annotations
 
 import math
 import re
+import weakref
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from megatron_seed.data.records import TrajectoryRecord, Turn
 from megatron_seed.data.tokenizer import IM_END, IM_START, check_tokenizer
@@ -112,9 +128,14 @@ class ChatBuilder:
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerFast, system_prompt: str | None = None):
+        """system_prompt None: the chat template's default system prompt if it has one
+        (Qwen2.5's), else no system message."""
         check_tokenizer(tokenizer)
+        check_chat_template(tokenizer)  # once per tokenizer and template
         self._tokenizer = tokenizer
-        self.system_prompt = system_prompt
+        self.system_prompt = (
+            default_system_prompt(tokenizer) if system_prompt is None else system_prompt
+        )
         self.im_end_id: int = tokenizer.convert_tokens_to_ids(IM_END)
         self._header = self._encode(f"{IM_START}assistant\n")
         self._close_open = self._encode(f"{IM_END}\n")  # action did not end with <|im_end|>
@@ -184,6 +205,117 @@ class ChatBuilder:
         )
 
 
+# ---------------------------------------------------------------- the checkpoint's template
+
+_PROBE_SYSTEM = "You are an agent in a house.\nAnswer with one action."
+# user observations and actions of the probe chat: several lines, runs of spaces, a tab,
+# unicode, digits; no action holds a <think> block (see the module docstring)
+_PROBE_TURNS = (
+    ("You are in a room.\n  You see a cabinet 1, a mug 2 and a café table.", "go to cabinet 1"),
+    ("You arrive at cabinet 1.\tIt is closed.\n", "open cabinet 1\nthen look"),
+    ("Nothing happens.", " take mug 2 from cabinet 1."),
+    ("You pick up the mug 2 from the cabinet 1. (3 steps left)", None),
+)
+_DEFAULT_SYSTEM = re.compile(rf"{re.escape(IM_START)}system\n(.*){re.escape(IM_END)}\n", re.DOTALL)
+_defaults: dict[str, str | None] = {}  # chat template -> its default system prompt
+# tokenizer -> the (template, system prompt) pairs already checked
+_checked: weakref.WeakKeyDictionary[Any, set[tuple[str, str | None]]] = weakref.WeakKeyDictionary()
+
+
+def _chat_template(tokenizer: Any) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    return template if isinstance(template, str) and template else None
+
+
+def default_system_prompt(tokenizer: PreTrainedTokenizerFast) -> str | None:
+    """The system prompt the tokenizer's chat template inserts into a chat without one
+    (Qwen2.5: "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."); None
+    if it inserts none or the tokenizer has no chat template. ValueError if the template
+    renders anything else before the first user message."""
+    template = _chat_template(tokenizer)
+    if template is None:
+        return None
+    if template not in _defaults:
+        probe = _PROBE_TURNS[0][0]
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": probe}], tokenize=False, add_generation_prompt=False
+        )
+        at = text.find(f"{IM_START}user\n{probe}{IM_END}\n")
+        if at < 0:
+            raise ValueError("the chat template does not render a user message as Qwen's does")
+        match = _DEFAULT_SYSTEM.fullmatch(text[:at])
+        if at and match is None:
+            raise ValueError(f"the chat template renders {text[:at][:80]!r} before the chat")
+        _defaults[template] = match.group(1) if match else None
+    return _defaults[template]
+
+
+def check_chat_template(
+    tokenizer: PreTrainedTokenizerFast, system_prompt: str | None = None
+) -> None:
+    """Fail loud (ValueError, one line) unless the ids `ChatBuilder` builds equal
+    `tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)` at
+    every turn of a probe chat, without a system prompt and with `system_prompt` (a probe
+    one if None). The probe's actions are `encode(text) + [<|im_end|>]` without think
+    blocks; the template is rendered with its defaults (Qwen3: thinking mode). A tokenizer
+    without a chat template is not checked. Runs once per tokenizer, template and prompt."""
+    template = _chat_template(tokenizer)
+    if template is None:
+        return
+    done = _checked.setdefault(tokenizer, set())
+    systems = [s for s in (None, system_prompt or _PROBE_SYSTEM) if (template, s) not in done]
+    if not systems:
+        return
+    done.update((template, s) for s in systems)  # the probe's own ChatBuilders skip the check
+    try:
+        for system in systems:
+            _check_probe(tokenizer, system)
+    except Exception:
+        done.difference_update((template, s) for s in systems)
+        raise
+
+
+def _check_probe(tokenizer: PreTrainedTokenizerFast, system: str | None) -> None:
+    """The builder's prompt at every turn of the probe chat against the template's."""
+    chat = ChatBuilder(tokenizer, system)
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    for k, (user, action) in enumerate(_PROBE_TURNS):
+        messages.append({"role": "user", "content": user})
+        built = chat.prompt_ids(user) if k == 0 else chat.append_user(user)
+        want = list(
+            tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True, return_dict=False
+            )
+        )
+        if built != want:
+            raise ValueError(_mismatch(tokenizer, built, want, k, system))
+        if action is not None:
+            chat.append_action(
+                [*tokenizer.encode(action, add_special_tokens=False), chat.im_end_id]
+            )
+            messages.append({"role": "assistant", "content": action})
+
+
+def _mismatch(
+    tokenizer: Any, built: list[int], want: list[int], turn: int, system: str | None
+) -> str:
+    """One line: the first differing position and both tokens there."""
+    at = next(
+        (i for i, (a, b) in enumerate(zip(built, want, strict=False)) if a != b),
+        min(len(built), len(want)),
+    )
+
+    def token(ids: list[int]) -> str:
+        return repr(tokenizer.convert_ids_to_tokens(ids[at])) if at < len(ids) else "(end)"
+
+    name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+    return (
+        f"chat template of {name} and ChatBuilder differ at token {at} of the turn-{turn + 1} "
+        f"prompt ({'no' if system is None else 'a'} system prompt): template {token(want)}, "
+        f"builder {token(built)}"
+    )
+
+
 @dataclass
 class SequencePair:
     """A student sequence and its teacher (None: no teacher signal for this trajectory)."""
@@ -243,7 +375,10 @@ def build_sequences(
         student = _chat_sequence(tokenizer, record.system_prompt, turns, first)
         teacher = None
         if skill is not None and skill_insert_at == "system":
-            system = insert_skill(record.system_prompt, skill, "system")
+            base = record.system_prompt  # None: the template's default, if it has one
+            system = insert_skill(
+                default_system_prompt(tokenizer) if base is None else base, skill, "system"
+            )
             teacher = _chat_sequence(tokenizer, system, turns, first)
         elif skill is not None:
             teacher = _chat_sequence(

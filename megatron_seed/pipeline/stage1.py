@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_seed.config import SeedConfig
-from megatron_seed.data import TokenSequence, TrajectoryRecord, collate
+from megatron_seed.data import TokenSequence, TrajectoryRecord, check_chat_template, collate
 
 
 def answer_text(summary: str | None, skill: str) -> str:
@@ -64,6 +64,7 @@ def _sft_worker(
 
     init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    check_chat_template(tokenizer)  # the checkpoint's chat format, before any compute
     trainer = SeedTrainer(cfg, model_dir, reference=False)
     trainer.set_lr(cfg.sft_lr)
     seqs = [

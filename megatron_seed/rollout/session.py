@@ -18,7 +18,7 @@ from typing import Any
 
 from envs.spec import EnvSpec, get_env
 from megatron_seed.config import SeedConfig
-from megatron_seed.data import TrajectoryRecord
+from megatron_seed.data import TrajectoryRecord, check_chat_template
 from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task, make_tasks
 
 
@@ -177,6 +177,7 @@ class RolloutSession:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        check_chat_template(tokenizer)  # before any engine starts
         self.tokenizer = tokenizer
         self._owned: list[Any] = []
         if fleet is None and fleet_address is not None:

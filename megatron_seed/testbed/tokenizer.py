@@ -13,20 +13,20 @@ ids change. `save_tokenizer` checks the class and that a reload encodes identica
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import pre_tokenizers, trainers
 
 from megatron_seed.data.tokenizer import (
     ENDOFTEXT,
     IM_END,
     IM_START,
     SPECIAL_TOKENS,
-    TOKENIZER_CLASS,
     check_tokenizer,
+    qwen_byte_level_bpe,
+    save_tokenizer,
 )
 
 if TYPE_CHECKING:  # transformers is imported lazily: `data` stays light to import
@@ -41,8 +41,7 @@ CHAT_TEMPLATE = (
 )
 
 _MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet plus the special tokens
-# transformers' Qwen2Tokenizer pre-tokenisation pattern (models/qwen2/tokenization_qwen2.py)
-QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+__all__ = ["CHAT_TEMPLATE", "build_tokenizer", "save_tokenizer"]  # save_tokenizer: data.tokenizer
 
 
 def build_tokenizer(
@@ -58,19 +57,7 @@ def build_tokenizer(
 
     if vocab_size < _MIN_VOCAB:
         raise ValueError(f"vocab_size must be >= {_MIN_VOCAB} (256 bytes + specials)")
-    backend = Tokenizer(models.BPE())
-    # Exactly Qwen2's normaliser and pre-tokeniser: transformers picks its Qwen2Tokenizer
-    # class for a folder whose config.json says model_type qwen2 (whatever
-    # tokenizer_config.json says), and that class rebuilds these two. Identical ones keep
-    # the ids identical however the folder is loaded (transformers, vLLM).
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
+    backend = qwen_byte_level_bpe()  # exactly Qwen2's normaliser and pre-tokeniser
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
@@ -89,29 +76,3 @@ def build_tokenizer(
     if out_dir is not None:
         save_tokenizer(tokenizer, out_dir)
     return tokenizer
-
-
-def save_tokenizer(
-    tokenizer: PreTrainedTokenizerFast, out_dir: str | Path, probe: str | None = None
-) -> Path:
-    """`save_pretrained`, then check tokenizer_class and that a reload gives identical ids."""
-    from transformers import AutoTokenizer
-
-    out = Path(out_dir)
-    tokenizer.save_pretrained(out)
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    if config.get("tokenizer_class") != TOKENIZER_CLASS:
-        # Without it transformers/vLLM substitute Qwen2's pre-tokenizer (FACTS.md).
-        config["tokenizer_class"] = TOKENIZER_CLASS
-        config_path.write_text(json.dumps(config, indent=2) + "\n")
-    reloaded = AutoTokenizer.from_pretrained(out)
-    probe = probe or (
-        f"{IM_START}user\nThe goal: put a  clean mug in  coffeemachine 1.{IM_END}\n"
-        f"{IM_START}assistant\ngo to countertop 2\n\t{IM_END}\n unicode: café ü 42"
-    )
-    want = tokenizer.encode(probe, add_special_tokens=False)
-    got = reloaded.encode(probe, add_special_tokens=False)
-    if want != got:
-        raise RuntimeError(f"tokenizer saved to {out} reloads with different ids")
-    return out

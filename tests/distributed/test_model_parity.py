@@ -1,6 +1,7 @@
 """Megatron vs transformers: per-token log-probs and HF->Megatron->HF round trips, for
 tiny Qwen2 (tied and untied; 6 heads / 2 groups) and Qwen3 (head_dim != hidden/heads)
-models at TP=1, TP=2, PP=2 and TP=2 x PP=2 (gloo, 1-4 CPU processes)."""
+models at TP=1, TP=2, PP=2 and TP=2 x PP=2 (gloo, 1-4 CPU processes); and `seed check-parity`
+on `seed init-model` checkpoints of real Qwen2.5 / Qwen3 shapes at the real vocabulary."""
 
 from __future__ import annotations
 
@@ -71,3 +72,32 @@ def test_parity_detects_a_wrong_mapping(checkpoints, tmp_path):
     save_file(sd, str(bad / "model.safetensors"), metadata={"format": "pt"})
     assert (hf_reference_logprobs(bad, ids) - megatron).abs().max() > 1e-3
     assert torch.isfinite(megatron).all()
+
+
+@pytest.fixture(scope="module")
+def real_shapes(tmp_path_factory):
+    """`seed init-model` checkpoints: real widths and head_dims (64, 128), Qwen's 151936
+    vocabulary, 2 layers."""
+    from megatron_seed.models.init_model import write_checkpoint
+    from megatron_seed.recipes import SHAPES
+
+    root = tmp_path_factory.mktemp("real")
+    return {
+        name: write_checkpoint(SHAPES[name], root / name, seed=1, layers=2)
+        for name in ("qwen2.5-0.5b", "qwen3-0.6b")
+    }
+
+
+@pytest.mark.parametrize(
+    ("shape", "tp"), [("qwen2.5-0.5b", 1), ("qwen2.5-0.5b", 2), ("qwen3-0.6b", 2)]
+)
+def test_check_parity_passes_at_real_qwen_shapes(real_shapes, shape, tp, capsys):
+    import json
+
+    from megatron_seed import cli
+
+    argv = ["check-parity", "--hf", str(real_shapes[shape]), "--tp", str(tp), "--json"]
+    assert cli.main([*argv, "--batch", "2", "--seq", "32"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["ok"] and result["tol"] == 1e-4 and result["max_abs_diff"] <= 1e-4, result
+    assert result["roundtrip_exact"] and result["ranks_agree"], result

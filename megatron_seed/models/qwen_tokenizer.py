@@ -1,0 +1,196 @@
+"""A Qwen-format tokenizer for random checkpoints of real Qwen shapes (`seed init-model`).
+
+So that such a checkpoint needs nothing downloaded, `build_qwen_tokenizer` makes a tokenizer
+that a Qwen checkpoint's users cannot tell apart by its interface:
+
+- byte-level BPE with exactly Qwen2's normaliser and pre-tokeniser
+  (`megatron_seed.data.tokenizer.qwen_byte_level_bpe`), trained on `CORPUS` (13 KB of
+  English and household-agent text, built in: the same 655 merges on every machine);
+- padded to Qwen's vocabulary: ids from the last merge up to 151642 are filler entries
+  (``<|filler_N|>``) that no merge produces, so encoding never yields them, and Qwen's added
+  tokens sit at their real ids: <|endoftext|> = 151643, <|im_start|> = 151644,
+  <|im_end|> = 151645, ... <|file_sep|> = 151664 (Qwen2.5's 22), and for Qwen3
+  <tool_response> = 151665 ... </think> = 151668 (ids and the special/non-special split as
+  in the published tokenizer_config.json files' `added_tokens_decoder`);
+- eos = <|im_end|>, pad = <|endoftext|>, no bos, and the family's chat template
+  (`megatron_seed.models.chat_templates`) in tokenizer_config.json, where Qwen keeps it.
+
+The checkpoint's embedding keeps Qwen's padded size (config.json `vocab_size` 151936 or
+152064), larger than the tokenizer, as in the real models. Text ids differ from real Qwen's
+(the merges are this corpus's), which nothing here depends on: what must match are the
+special ids, the pre-tokenisation and the chat format.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from megatron_seed.data.tokenizer import (
+    ENDOFTEXT,
+    IM_END,
+    check_tokenizer,
+    qwen_byte_level_bpe,
+    save_tokenizer,
+)
+from megatron_seed.models.chat_templates import CHAT_TEMPLATES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+FIRST_ADDED_ID = 151643  # Qwen: 151643 byte-level BPE tokens (ids 0..151642), then these
+# (content, special) in id order, from Qwen2.5's tokenizer_config.json `added_tokens_decoder`
+QWEN2_5_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+)
+QWEN3_ADDED_TOKENS = (
+    *QWEN2_5_ADDED_TOKENS,
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+ADDED_TOKENS = {"qwen2": QWEN2_5_ADDED_TOKENS, "qwen3": QWEN3_ADDED_TOKENS}
+DEFAULT_MERGES = 4000  # the corpus yields fewer; training stops when no pair repeats
+
+_PLACE_WORDS = (
+    "cabinet countertop drawer fridge microwave sinkbasin stoveburner toaster coffeemachine "
+    "shelf desk dresser bed sofa armchair sidetable diningtable garbagecan laundryhamper "
+    "safe bathtubbasin toilet towelholder handtowelholder cart ottoman"
+)
+_THING_WORDS = (
+    "apple bread egg lettuce potato tomato mug cup plate bowl pan pot knife fork spoon "
+    "spatula kettle saltshaker peppershaker soapbar soapbottle spraybottle towel candle "
+    "cloth book pen pencil laptop cellphone keychain creditcard remotecontrol alarmclock "
+    "watch vase statue pillow box newspaper cd desklamp floorlamp"
+)
+_PLACES, _THINGS = _PLACE_WORDS.split(), _THING_WORDS.split()
+_PROSE = """\
+You are in the middle of a room. Looking quickly around you, you see several pieces of
+furniture, a few appliances and a door that leads to the hallway. The goal: put a clean
+mug in the coffee machine. First find the mug, then clean it in the sink basin, then move
+it to the coffee machine. Nothing happens. You pick up the mug from the countertop. You
+open the fridge and see an apple, a loaf of bread and two eggs. You close the drawer.
+The microwave is closed. You heat the potato with the microwave. You cool the tomato with
+the fridge. You turn on the desk lamp and examine the book under its light.
+
+Think step by step, then answer with one action. An action is a short command such as
+"go to the shelf", "open the cabinet" or "look". If an action is not admissible, nothing
+happens and the room stays the same. A plan that worked before is a good first guess;
+loops waste steps. When the task is done the episode ends with a success.
+
+The weather was mild for most of the week, with light rain on Tuesday and a clear, cold
+morning on Friday. People walked their dogs along the river, children played in the park
+after school, and the market stayed open late on Saturday. Numbers such as 3, 14, 2025 and
+1.5 appear in ordinary text, and so do questions: what time is it? where are my keys?
+Reading, writing, counting and sorting are everyday skills; so are cooking, cleaning,
+planning a trip and explaining an idea to a friend in plain words.
+
+def add(a, b):
+    return a + b
+
+for i in range(10):
+    print(i, add(i, 1))
+"""
+
+
+def _corpus() -> list[str]:
+    """The training text: prose plus household-agent commands and observations."""
+    lines = _PROSE.splitlines()
+    for i, place in enumerate(_PLACES):
+        n = i % 3 + 1
+        lines += [
+            f"go to {place} {n}",
+            f"open {place} {n}",
+            f"close {place} {n}",
+            f"You arrive at {place} {n}. On the {place} {n}, you see nothing.",
+            f"The {place} {n} is open. In it, you see a {_THINGS[i % len(_THINGS)]} 1.",
+        ]
+    for i, thing in enumerate(_THINGS):
+        place = _PLACES[i % len(_PLACES)]
+        lines += [
+            f"take {thing} {i % 4 + 1} from {place} {i % 3 + 1}",
+            f"move {thing} {i % 4 + 1} to {_PLACES[(i + 5) % len(_PLACES)]} 1",
+            f"heat {thing} 1 with microwave 1, clean {thing} 1 with sinkbasin 1",
+            f"You pick up the {thing} {i % 4 + 1} from the {place} {i % 3 + 1}.",
+            f"examine {thing} 1",
+        ]
+    return lines
+
+
+CORPUS: tuple[str, ...] = tuple(_corpus())
+
+
+def build_qwen_tokenizer(
+    model_type: str, model_max_length: int = 32768, merges: int = DEFAULT_MERGES
+) -> PreTrainedTokenizerFast:
+    """The Qwen-format tokenizer of `model_type` ("qwen2": Qwen2/2.5, "qwen3"); see the
+    module docstring. Deterministic: the same merges and ids on every call."""
+    from tokenizers import AddedToken, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if model_type not in ADDED_TOKENS:
+        raise ValueError(f"unknown model_type {model_type!r}; expected one of {list(ADDED_TOKENS)}")
+    trained = qwen_byte_level_bpe()
+    trainer = trainers.BpeTrainer(
+        vocab_size=256 + merges,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    trained.train_from_iterator(CORPUS, trainer)
+    model = json.loads(trained.to_str())["model"]
+    vocab: dict[str, int] = dict(model["vocab"])
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise RuntimeError("trained BPE vocabulary ids are not contiguous")
+    for i in range(len(vocab), FIRST_ADDED_ID):  # never produced: no merge builds them
+        vocab[f"<|filler_{i}|>"] = i
+    backend = qwen_byte_level_bpe(vocab, [tuple(m) for m in model["merges"]])
+    for content, special in ADDED_TOKENS[model_type]:
+        token = AddedToken(content, special=special, normalized=False)
+        if special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[t for t, special in ADDED_TOKENS[model_type][1:] if special],
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATES[model_type]
+    for i, (content, _special) in enumerate(ADDED_TOKENS[model_type]):
+        if tokenizer.convert_tokens_to_ids(content) != FIRST_ADDED_ID + i:
+            raise RuntimeError(f"{content} is not at id {FIRST_ADDED_ID + i}")
+    check_tokenizer(tokenizer)
+    return tokenizer
+
+
+def save_qwen_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> Path:
+    """Save with the chat template in tokenizer_config.json; a reload must encode the same
+    ids (`save_tokenizer`)."""
+    probe = "".join(f"{t} x{t}" for t, _ in ADDED_TOKENS["qwen3"]) + " go to cabinet 1\n"
+    return save_tokenizer(tokenizer, out_dir, probe=probe, template_in_config=True)

