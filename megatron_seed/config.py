@@ -134,6 +134,11 @@ class OptimConfig(_Checked):
     # passes over each update's batch (PPO epochs); every pass steps once per mini-batch
     epochs_per_update: int = _range(1, 1)
     micro_batch_size: int = _range(1, 1)
+    # > 0: sequence packing. Each micro-batch is one row of whole sequences concatenated
+    # without padding, at most this many tokens (a longer sequence is never split: rows
+    # widen to it), attention and positions restarting at every sequence (`data.packing`);
+    # micro_batch_size is then unused. 0: right-padded rows, micro_batch_size per micro-batch
+    micro_batch_tokens: int = _range(0, 0)
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,31 @@ def smoke_batch(tokenizer, seq: int, rows: int, multiple: int):
     return batch(turns)
 
 
+def packing_parity(trainer, pb) -> dict:
+    """Log-probs of the batch's students and teachers from packed micro-batches (two rows'
+    worth of tokens each; on GPUs Transformer Engine's thd attention and fused RoPE) against
+    the padded rows, on every position with a target."""
+    import dataclasses
+
+    cfg = trainer.cfg
+    batches = [b for b in (pb.student, pb.teacher) if b is not None]
+    padded = [trainer.score(b) for b in batches]
+    width = 2 * int(pb.student.input_ids.shape[1])
+    trainer.cfg = dataclasses.replace(
+        cfg, optim=dataclasses.replace(cfg.optim, micro_batch_tokens=width)
+    )
+    try:
+        packed = [trainer.score(b) for b in batches]
+    finally:
+        trainer.cfg = cfg
+    diffs = []
+    for b, a, p in zip(batches, padded, packed, strict=True):
+        has_target = torch.arange(a.shape[1])[None, :] < (b.lengths - 1)[:, None]  # [B, s]
+        diffs.append((a - p).abs()[has_target])
+    diff = torch.cat(diffs)
+    return {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
+
+
 def held_bytes(trainer) -> dict[str, int]:
     """Bytes the trainer holds in weights, fp32 main grads, optimizer state and reference."""
     params = list(trainer.model.module.parameters())
@@ -148,6 +173,7 @@ def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | Non
     pb = smoke_batch(tokenizer, args.seq, args.rows, trainer.seq_multiple)
     tokens = int(pb.student.input_ids.numel() + (pb.teacher.input_ids.numel() if pb.teacher else 0))
     out["batch"] = {"rows": pb.rows, "seq": int(pb.student.input_ids.shape[1]), "tokens": tokens}
+    out["packing"] = packing_parity(trainer, pb)
     times, losses = [], []
     for _ in range(args.steps):
         if on_gpu:
@@ -175,6 +201,7 @@ def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | Non
         hf_id=hf_dir, layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads,
         kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, ffn=spec.intermediate_size,
         vocab=spec.vocab_size, tied_embeddings=spec.tie_word_embeddings, qkv_bias=spec.qkv_bias,
+        qk_norm=spec.qk_norm,
     )  # fmt: skip
     layout = ClusterLayout(
         gpus_per_node=1, trainer_ranks_per_node=1, fleet_gpus_per_node=0,

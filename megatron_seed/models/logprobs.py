@@ -5,6 +5,12 @@ same code serves TP, PP and TP x PP. The last stage turns its vocabulary-paralle
 into per-token NLL with `vocab_parallel_cross_entropy` (inside `GPTModel(..., labels=...)`):
 full logits are never gathered. Convention: `logprobs[b, i] = log p(input_ids[b, i+1] |
 input_ids[b, :i+1])`; the last position has no target and is 0.
+
+Packed micro-batches (`megatron_seed.data.packing`): a micro-batch that carries `cu_seqlens`
+(`[segments + 1]` int32) and `max_seqlen` is one `[1, T]` row of several sequences; it goes
+to the model with Megatron's `PackedSeqParams` (`qkv_format="thd"`), so attention stays
+inside each segment and RoPE restarts at each (Transformer Engine's kernels on GPUs,
+`models.attention.SdpaDotProductAttention` with the local spec).
 """
 
 from __future__ import annotations
@@ -30,21 +36,51 @@ def micro_batches(tensors: dict[str, torch.Tensor], size: int) -> list[dict[str,
     return [{k: v[i : i + size] for k, v in tensors.items()} for i in range(0, b, size)]
 
 
-def model_forward(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One stage's forward; on the last stage the result is per-token NLL `[b, s]`."""
+def model_forward(model: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """One stage's forward; on the last stage the result is per-token NLL `[b, s]`. A packed
+    micro-batch (`cu_seqlens` in it, b = 1) goes in with its `PackedSeqParams`."""
     input_ids = batch["input_ids"]  # [b, s]
     b, s = input_ids.shape
-    position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
-    return model(input_ids, position_ids, None, labels=batch["labels"])
+    if "cu_seqlens" not in batch:
+        position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        return model(input_ids, position_ids, None, labels=batch["labels"])
+    if b != 1:  # thd squeezes the batch dimension: one packed row per micro-batch
+        raise ValueError(f"a packed micro-batch is one row, got {b}")
+    params = packed_seq_params(batch["cu_seqlens"], batch["max_seqlen"])
+    return model(
+        input_ids, batch["position_ids"], None, labels=batch["labels"], packed_seq_params=params
+    )
+
+
+def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int) -> Any:
+    """Megatron's `PackedSeqParams` for one packed row: segments `cu_seqlens` (`[k + 1]`
+    int32 offsets from 0 to T, on the model's device) with no padding inside a segment, so
+    the `_padded` offsets are the same tensor; `max_seqlen` the longest segment, a Python
+    int so that no kernel waits for a device-to-host copy. It must not be T when the row
+    holds several segments: Megatron's unfused thd RoPE reads RoPE tables of exactly T rows
+    as absolute positions over the whole row instead of restarting per segment."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = cu_seqlens.to(torch.int32)
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        cu_seqlens_q_padded=cu,
+        cu_seqlens_kv_padded=cu,
+        max_seqlen_q=int(max_seqlen),
+        max_seqlen_kv=int(max_seqlen),
+    )
 
 
 def run_schedule(
     model: Any,
-    batches: list[dict[str, torch.Tensor]],
-    loss_fn: Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict]],
+    batches: list[dict[str, Any]],
+    loss_fn: Callable[[dict[str, Any], torch.Tensor], tuple[torch.Tensor, dict]],
     forward_only: bool,
 ) -> list[dict]:
-    """Run Megatron's pipeline schedule over micro-batches of identical shape.
+    """Run Megatron's pipeline schedule over micro-batches of identical shape (padded rows,
+    or packed `[1, T]` rows: `model_forward`).
 
     `loss_fn(batch, nll)` returns `(loss, logs)`; `loss` must already be normalised by the
     *global* token count (the schedule neither divides nor averages it: the config sets
@@ -117,16 +153,20 @@ def make_forward_step(
     return forward_step
 
 
-def to_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def to_device(batch: dict[str, Any]) -> dict[str, Any]:
     """Every tensor of a micro-batch on the model's device (CPU tensors pinned and copied
-    without blocking on CUDA; the model's first kernel orders after the copies)."""
+    without blocking on CUDA; the model's first kernel orders after the copies). Other
+    values (a packed row's `max_seqlen`) stay as they are."""
     dev = _device()
-    if dev.type != "cuda":
-        return {k: v.to(dev) for k, v in batch.items()}
-    return {
-        k: (v.pin_memory() if v.device.type == "cpu" else v).to(dev, non_blocking=True)
-        for k, v in batch.items()
-    }
+
+    def move(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        if dev.type != "cuda":
+            return v.to(dev)
+        return (v.pin_memory() if v.device.type == "cpu" else v).to(dev, non_blocking=True)
+
+    return {k: move(v) for k, v in batch.items()}
 
 
 def _unwrap(model: Any) -> Any:
@@ -186,6 +226,28 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, micro_batch_size: int = 
         out = torch.cat([d["logprobs"] for d in logs], dim=0)[:, :s].contiguous()
         out[:, -1] = 0.0
     out = broadcast_from_last_stage(out, (b, s))
+    if was_training:
+        model.train()
+    return out
+
+
+@torch.no_grad()
+def packed_logprobs(model: Any, batches: list[dict[str, Any]]) -> torch.Tensor:
+    """Per-token log-probs `[r, T]` of r packed micro-batches (`[1, T]` each, `input_ids`,
+    `labels` within each segment, `position_ids`, `cu_seqlens`, `max_seqlen`): position i
+    holds log p(labels[i] | its segment up to i). Every rank of the model-parallel group
+    must call this; all get the result. Unpacking (`PackPlan.unpack_tensor`) is the
+    caller's."""
+    from megatron.core import parallel_state as ps
+
+    was_training = _unwrap(model).training
+    model.eval()
+    width = batches[0]["input_ids"].shape[1]
+    logs = run_schedule(model, batches, _logprob_loss, True)
+    out = None
+    if ps.is_pipeline_last_stage():
+        out = torch.cat([d["logprobs"] for d in logs], dim=0).contiguous()  # [r, T]
+    out = broadcast_from_last_stage(out, (len(batches), width))
     if was_training:
         model.train()
     return out

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_seed.config import SeedConfig
-from megatron_seed.data import Analysis, TrajectoryRecord, write_jsonl
+from megatron_seed.data import Analysis, TrajectoryRecord, check_chat_template, write_jsonl
 from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer, rollout_metrics
 
 
@@ -445,6 +445,7 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     if _rank() == 0:
         (out / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
+    check_chat_template(tokenizer)  # the checkpoint's chat format, before any compute
 
     def rollout_side() -> RolloutSide | NoRollout:
         return RolloutSide(job, tokenizer, fleet, pool) if _rank() == 0 else NoRollout()
@@ -513,6 +514,7 @@ def _summary(step: int, total: int, m: dict[str, Any]) -> str:
         ("loss", "train/loss/total"),
         ("opd", "train/loss/opd"),
         ("gate", "train/opd/gate_mean"),
+        ("pad", "train/pad_frac"),
         ("skill_valid", "analyze/valid_rate"),
         ("s", "time/update"),
     ]

@@ -14,6 +14,15 @@ data-parallel ranks, each DP rank runs Megatron's pipeline schedule over its mic
 and the loss of a micro-batch is its partial sum divided by the *global* token count of the
 mini-batch. Megatron's per-token-loss mode keeps the schedule from rescaling it and DDP sums
 gradients over DP, so the step equals one full-batch masked mean whatever the layout.
+
+Micro-batches come in two layouts (`_micro_batches`). Padded (`optim.micro_batch_tokens` =
+0): `micro_batch_size` rows of the `[B, s]` batch each, the rows split over DP ranks (rows
+that only even out the split carry no loss). Packed (> 0): every sequence of the mini-batch
+placed whole into packed `[1, T]` rows (`data.packing`, one plan computed alike on every
+rank), R / dp rows per DP rank, each one micro-batch with its segment boundaries; every
+per-token tensor (labels, masks, log-probs, advantages and the OPD mask broadcast to tokens)
+packs the same way and `score` unpacks its log-probs back to `[B, s]`. Both layouts give the
+same losses and gradients; `pad_frac` reports the padding the model ran on.
 """
 
 from __future__ import annotations
@@ -28,10 +37,12 @@ import torch.distributed as dist
 from megatron_seed.algo import seed_loss, sequence_weights
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TokenBatch, align_teacher
+from megatron_seed.data.packing import PackPlan, pack, padded_fraction
 from megatron_seed.models.convert import HFCheckpoint, load_hf_weights
 from megatron_seed.models.logprobs import (
     broadcast_from_last_stage,
     micro_batches,
+    packed_logprobs,
     run_schedule,
     token_logprobs,
 )
@@ -229,12 +240,58 @@ class SeedTrainer:
         idx = torch.arange(rank * per, (rank + 1) * per)
         return torch.where(idx < n, idx, torch.full_like(idx, -1)), per
 
+    def _plan(self, lengths: torch.Tensor) -> PackPlan:
+        """The packing of sequences of these `lengths` ([m]): rows of at most
+        `optim.micro_batch_tokens` tokens, `seq_multiple` wide, a multiple of DP in number."""
+        return pack(lengths, self.cfg.optim.micro_batch_tokens, self.seq_multiple, self.dp[1])
+
+    def _packed_rows(
+        self, plan: PackPlan, tensors: dict[str, torch.Tensor]
+    ) -> list[dict[str, Any]]:
+        """This DP rank's packed micro-batches of `[m, s]` tensors (the plan's m sequences):
+        each tensor `[1, T]`, with `position_ids`, `cu_seqlens` and `max_seqlen`."""
+        rank, size = self.dp
+        per = plan.rows // size
+        packed = {k: plan.pack_tensor(v) for k, v in tensors.items()}  # [R, T] each
+        positions = plan.position_ids()  # [R, T]
+        out = []
+        for r in range(rank * per, (rank + 1) * per):
+            mb: dict[str, Any] = {k: v[r : r + 1] for k, v in packed.items()}  # [1, T]
+            mb["position_ids"] = positions[r : r + 1]
+            mb["cu_seqlens"] = plan.cu_seqlens[r]  # [segments + 1] int32
+            mb["max_seqlen"] = plan.max_seqlen(r)
+            out.append(mb)
+        return out
+
+    def _micro_batches(
+        self, tensors: dict[str, torch.Tensor], lengths: torch.Tensor
+    ) -> tuple[list[dict[str, Any]], float]:
+        """This DP rank's micro-batches of `[m, s]` tensors (whose rows hold sequences of
+        `lengths`, [m]), and the padding fraction of all DP ranks' micro-batches together.
+        Packed rows when `optim.micro_batch_tokens` > 0; else `micro_batch_size` padded rows,
+        where rows that only even out the split over DP get an all-False `mask`."""
+        if self.cfg.optim.micro_batch_tokens:
+            plan = self._plan(lengths)
+            return self._packed_rows(plan, tensors), plan.pad_fraction
+        m, s = tensors["mask"].shape
+        rows, per = self._dp_rows(m)
+        local = {k: v[rows.clamp(min=0)].clone() for k, v in tensors.items()}
+        local["mask"][rows < 0] = False  # padding rows carry no loss
+        batches = micro_batches(local, self.cfg.optim.micro_batch_size)
+        return batches, padded_fraction(lengths, per * self.dp[1], s)
+
     # ------------------------------------------------------------ scoring (no grad)
 
     @torch.no_grad()
     def score(self, batch: TokenBatch, model: Any | None = None) -> torch.Tensor:
-        """Per-token log-probs `[B, s]` of a batch with `model` (default: the policy)."""
+        """Per-token log-probs `[B, s]` of a batch with `model` (default: the policy).
+
+        Position i < n - 1 of a row of n tokens holds log p(x_{i+1} | x_0 .. x_i) in either
+        layout; position s - 1 holds 0, and when packed so does every position from n - 1 on
+        (no target there; padded rows hold whatever the padding predicts)."""
         model = self.model if model is None else model
+        if self.cfg.optim.micro_batch_tokens:
+            return self._score_packed(batch, model)
         n = batch.input_ids.shape[0]
         rows, _ = self._dp_rows(n)
         ids = batch.input_ids[rows.clamp(min=0)]  # [per, s]; padding rows repeat row 0
@@ -245,6 +302,22 @@ class SeedTrainer:
             dist.all_gather(parts, local.contiguous(), group=_ps().get_data_parallel_group())
             local = torch.cat(parts, dim=0)
         return local[:n].cpu()
+
+    def _score_packed(self, batch: TokenBatch, model: Any) -> torch.Tensor:
+        """`score` over packed rows: this rank's rows, gathered over DP, unpacked."""
+        b, s = batch.input_ids.shape
+        plan = self._plan(batch.lengths)
+        rows = self._packed_rows(plan, {"input_ids": batch.input_ids, "labels": batch.labels})
+        local = packed_logprobs(model, rows)  # [R / dp, T]
+        _, size = self.dp
+        if size > 1:
+            parts = [torch.empty_like(local) for _ in range(size)]
+            dist.all_gather(parts, local.contiguous(), group=_ps().get_data_parallel_group())
+            local = torch.cat(parts, dim=0)  # [R, T], rank order = row order
+        out = plan.unpack_tensor(local.cpu(), s)  # [B, s], 0 past each sequence
+        has = batch.lengths > 0
+        out[torch.arange(b)[has], batch.lengths[has] - 1] = 0.0  # the last token: no target
+        return out
 
     def teacher_logprobs(self, pb: PolicyBatch, rows: torch.Tensor) -> torch.Tensor:
         """Teacher log-probs on the student positions of `rows` (0 where no teacher)."""
@@ -300,17 +373,17 @@ class SeedTrainer:
         adv = pb.advantages[mini]  # [m]
         if self.cfg.algo.loss_agg == "seq_mean_token_mean":
             adv = adv * sequence_weights(mask, num_tokens)
-        tensors = {
+        tensors = {  # [m, s] each: per-row values broadcast to tokens, so that they pack
             "input_ids": student.input_ids,
             "labels": student.labels,
             "mask": mask,
             "old": old,
             "ref": old if ref is None else ref,
             "teacher": old if teacher is None else teacher,
-            "adv": adv,
-            "opd_mask": has,
+            "adv": adv[:, None].expand_as(old),
+            "opd_mask": has[:, None].expand_as(mask),
         }
-        local = self._local_rows(tensors)
+        local, pad_frac = self._micro_batches(tensors, student.lengths)
         algo = self.cfg.algo
 
         def loss_fn(mb: dict[str, torch.Tensor], nll: torch.Tensor):
@@ -332,23 +405,15 @@ class SeedTrainer:
         metrics = self._reduce_metrics(logs)
         metrics["grad_norm"] = grad_norm
         metrics["tokens"] = float(num_tokens)
+        metrics["pad_frac"] = pad_frac
         return metrics
 
-    def _local_rows(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This DP rank's rows of `[m, ...]` tensors; padding rows get an all-False `mask`."""
-        rows, _ = self._dp_rows(next(iter(tensors.values())).shape[0])
-        local = {k: v[rows.clamp(min=0)].clone() for k, v in tensors.items()}
-        local["mask"][rows < 0] = False  # padding rows carry no loss
-        return local
-
-    def _adam_step(self, local: dict[str, torch.Tensor], loss_fn) -> tuple[list[dict], float]:
+    def _adam_step(self, batches: list[dict[str, Any]], loss_fn) -> tuple[list[dict], float]:
         """Forward/backward over this rank's micro-batches, then one optimizer step."""
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        logs = run_schedule(
-            self.model, micro_batches(local, self.cfg.optim.micro_batch_size), loss_fn, False
-        )
+        logs = run_schedule(self.model, batches, loss_fn, False)
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("optimizer step was skipped (non-finite gradients)")
@@ -380,8 +445,8 @@ class SeedTrainer:
         cloning on actions): the global masked mean over `batch.loss_mask`, any layout."""
         mask = batch.loss_mask  # [B, s]
         num_tokens = mask.sum().float().clamp(min=1.0)
-        local = self._local_rows(
-            {"input_ids": batch.input_ids, "labels": batch.labels, "mask": mask}
+        local, pad_frac = self._micro_batches(
+            {"input_ids": batch.input_ids, "labels": batch.labels, "mask": mask}, batch.lengths
         )
 
         def loss_fn(mb: dict[str, torch.Tensor], nll: torch.Tensor):
@@ -402,6 +467,7 @@ class SeedTrainer:
             "nll": float(total.cpu()[0]),
             "grad_norm": grad_norm,
             "tokens": float(num_tokens),
+            "pad_frac": pad_frac,
         }
 
     def set_lr(self, lr: float) -> None:

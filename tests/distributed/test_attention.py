@@ -9,7 +9,7 @@ import pytest
 
 from megatron_seed.models.parallel import spawn
 from megatron_seed.testbed.tiny import make_tiny_qwen
-from tests.distributed.workers import attention_paths_agree
+from tests.distributed.workers import attention_paths_agree, packed_matches_separate
 
 pytestmark = pytest.mark.distributed
 
@@ -22,5 +22,21 @@ def test_fused_attention_matches_megatron(tmp_path, model_type, tp):
     for r in results:
         # every layer of both passes went through the fused kernel in the Sdpa model only
         assert r["fused_calls"] > 0, r
+        assert r["nll_diff"] < 1e-5, r
+        assert r["grad_diff"] < 1e-5 * max(1.0, r["grad_scale"]), r
+
+
+@pytest.mark.parametrize(
+    ("model_type", "tp", "sp"), [("qwen2", 1, False), ("qwen3", 2, False), ("qwen2", 2, True)]
+)
+def test_packed_sequences_match_running_each_alone(tmp_path, model_type, tp, sp):
+    """Sequences packed into one row (Megatron's thd `PackedSeqParams`: RoPE restarting per
+    segment, `SdpaDotProductAttention` attending within each) give each sequence's own NLL
+    and gradients, at TP=1, TP=2 and TP=2 with sequence parallelism."""
+    hf = make_tiny_qwen(tmp_path / model_type, seed=3, model_type=model_type)
+    lengths = [13, 5, 22, 1, 9]  # sum 50: one padding token under the multiple of 2
+    results = spawn(packed_matches_separate, tp, str(hf), tp, lengths, sp)
+    for r in results:
+        assert r["nll_scale"] > 1.0 and r["unpacked_diff"] > 1e-3, r
         assert r["nll_diff"] < 1e-5, r
         assert r["grad_diff"] < 1e-5 * max(1.0, r["grad_scale"]), r

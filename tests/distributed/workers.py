@@ -206,3 +206,140 @@ def attention_paths_agree(hf_dir, tp, seq):
         "grad_scale": max(g.abs().max().item() for g in grads_a.values()),
         "fused_calls": len(fused_calls),
     }
+
+
+def packed_matches_separate(hf_dir, tp, lengths, sequence_parallel=False):
+    """Sequences of `lengths` packed into one `[1, T]` row (thd, `PackedSeqParams`) vs each
+    run alone as `[1, n]`, same weights: max |NLL diff| over the real tokens, max |grad
+    diff| of a weighted NLL sum, and the gradient scale."""
+    from megatron_seed.data.packing import pack
+    from megatron_seed.models import qwen
+    from megatron_seed.models.logprobs import model_forward, shifted_labels
+    from megatron_seed.models.parallel import init_parallel
+
+    init_parallel(tp, 1)
+    spec = qwen.QwenSpec.from_pretrained(hf_dir)
+    torch.manual_seed(0)
+    model = qwen.build_gpt_model(spec, use_te=False, sequence_parallel=sequence_parallel)
+    seqs = [torch.randint(0, spec.vocab_size, (1, n)) for n in lengths]
+    weights = [torch.linspace(0.5, 1.5, n)[None] for n in lengths]
+
+    nll_sep = []
+    for ids, w in zip(seqs, weights, strict=True):
+        n = ids.shape[1]
+        alone = torch.cat([ids, ids[:, -1:].expand(1, n % 2)], 1)  # even: causal, unchanged
+        nll = model_forward(model, {"input_ids": alone, "labels": shifted_labels(alone)})
+        (nll[:, : n - 1] * w[:, :-1]).sum().backward()  # the last token has no target
+        nll_sep.append(nll.detach()[:, :n])  # [1, n]
+    grads_sep = _full_grads(model)
+    model.zero_grad()
+
+    s = max(lengths)
+    ids = torch.zeros(len(lengths), s, dtype=torch.long)
+    wts = torch.zeros(len(lengths), s)
+    for i, (x, w) in enumerate(zip(seqs, weights, strict=True)):
+        ids[i, : x.shape[1]] = x[0]
+        wts[i, : x.shape[1] - 1] = w[0, :-1]
+    plan = pack(torch.tensor(lengths), capacity=sum(lengths), multiple=2)
+    assert plan.rows == 1 and plan.width > sum(lengths) - 2
+    batch = {
+        "input_ids": plan.pack_tensor(ids),
+        "labels": plan.pack_tensor(shifted_labels(ids)),
+        "position_ids": plan.position_ids(),
+        "cu_seqlens": plan.cu_seqlens[0],
+        "max_seqlen": plan.max_seqlen(0),
+    }
+    nll = model_forward(model, batch)  # [1, T]
+    (nll * plan.pack_tensor(wts)).sum().backward()
+    back = plan.unpack_tensor(nll.detach(), s)  # [B, s]
+    grads = _full_grads(model)
+    with torch.no_grad():  # the same row as one plain sequence: attention crosses boundaries
+        plain = {k: batch[k] for k in ("input_ids", "labels")}
+        crossed = plan.unpack_tensor(model_forward(model, plain), s)
+
+    def worst(values):
+        return max(
+            (values[i, : n - 1] - nll_sep[i][0, : n - 1]).abs().max().item()
+            for i, n in enumerate(lengths)
+            if n > 1
+        )
+
+    return {
+        "nll_diff": worst(back),
+        "unpacked_diff": worst(crossed),
+        "grad_diff": max((grads[n] - grads_sep[n]).abs().max().item() for n in grads),
+        "grad_scale": max(g.abs().max().item() for g in grads_sep.values()),
+        "nll_scale": max(x.abs().max().item() for x in nll_sep),
+    }
+
+
+def _full_grads(model):
+    """Gradients by name; under sequence parallelism the norm weights' (each TP rank saw
+    its slice of the tokens) summed over TP, as `finalize_model_grads` does."""
+    from megatron.core import parallel_state as ps
+
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad.clone()
+        if getattr(p, "sequence_parallel", False):
+            torch.distributed.all_reduce(g, group=ps.get_tensor_model_parallel_group())
+        out[name] = g
+    return out
+
+
+def mixed_length_records(tok):
+    """Short (1-turn) and long (4-turn) episodes; every other record has a valid skill, so
+    the teachers are the longest sequences."""
+    from megatron_seed.testbed.synthetic import synthetic_records
+
+    records = []
+    for seed, turns in enumerate((1, 4)):
+        for r in synthetic_records(
+            tok, groups=1, group_size=3, turns=turns, seed=seed, valid_skill_every=2
+        ):
+            r.group_id = f"{r.group_id}-{turns}"
+            records.append(r)
+    return records
+
+
+def packed_and_padded(hf_dir, tok_dir, tp, pp, cfg, tokens, sequence_parallel=False):
+    """The same SEED update and the same NLL step with padded micro-batches (`cfg`) and with
+    packed ones (`optim.micro_batch_tokens=tokens`), each from the checkpoint: log-probs of
+    `score` (students, teachers), `train_step` metrics and gradients, `nll_step` metrics and
+    gradients, by layout name."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    import megatron_seed.models.qwen as qwen
+    from megatron_seed.models.parallel import init_parallel
+    from megatron_seed.train.batch import build_policy_batch
+    from megatron_seed.train.trainer import SeedTrainer
+
+    if sequence_parallel:  # a GPU switch, turned on here on the CPU
+        real = qwen.gpu_switches
+        qwen.gpu_switches = lambda on_gpu, tp, use_te, main_grad=False: {
+            **real(on_gpu, tp, use_te, main_grad),
+            "sequence_parallel": tp > 1,
+        }
+    init_parallel(tp, pp)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    packed_cfg = dataclasses.replace(
+        cfg, optim=dataclasses.replace(cfg.optim, micro_batch_tokens=tokens)
+    )
+    out = {}
+    for name, c in (("padded", cfg), ("packed", packed_cfg)):
+        trainer = SeedTrainer(c, hf_dir)
+        pb = build_policy_batch(
+            mixed_length_records(tok), tok, pad_to_multiple_of=trainer.seq_multiple
+        )
+        run = {"student": trainer.score(pb.student), "teacher": trainer.score(pb.teacher)}
+        run["metrics"] = trainer.train_step(pb)
+        run["grads"] = trainer.grads_by_hf_name()
+        del trainer
+        sft = SeedTrainer(c, hf_dir, reference=False)
+        run["nll"] = sft.nll_step(pb.teacher)
+        run["nll_grads"] = sft.grads_by_hf_name()
+        out[name] = run
+    out["lengths"] = (pb.student.lengths, pb.teacher.lengths)
+    return out

@@ -176,7 +176,11 @@ def test_env_pool_and_agent_loop_play_the_toy_game(world) -> None:
 def test_one_seed_train_update_on_the_toy_game(world, tmp_path) -> None:
     root, tasks, _ = world
     out = tmp_path / "out"
-    config = {"rollout": {"max_steps": 3}, "fleet": {"max_model_len": 1024}}
+    config = {  # packed micro-batches (the other e2e runs train on padded ones)
+        "rollout": {"max_steps": 3},
+        "fleet": {"max_model_len": 1024},
+        "optim": {"micro_batch_tokens": 1024},
+    }
     cmd = [
         sys.executable, "-m", "megatron_seed.cli", "train", "--model", str(root / "model"),
         "--games", str(tasks), "--out", str(out), "--recipe", "tiny", "--env", NAME,
@@ -188,6 +192,7 @@ def test_one_seed_train_update_on_the_toy_game(world, tmp_path) -> None:
     (row,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1 and row["rollout/episodes"] == 4  # tiny: 2 tasks x 2
     assert math.isfinite(row["train/loss/total"]) and row["train/tokens"] > 0
+    assert row["train/pad_frac"] < 0.2  # the padding the training forward ran on
     assert row["analyze/n"] == 4 and row["sync/bytes"] > 0
     records = [json.loads(x) for x in (out / "trajectories" / "update_00000.jsonl").open()]
     assert {r["env"] for r in records} == {NAME}

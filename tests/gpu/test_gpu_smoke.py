@@ -30,6 +30,7 @@ def test_cpu_dry_run(tmp_path):
     result = _run(tmp_path, "--cpu-tiny")
     (mode,) = result["modes"].values()
     assert mode["parity"]["max_abs_diff"] < 1e-4
+    assert mode["packing"]["max_abs_diff"] < 1e-5  # packed rows score as the padded ones
     assert mode["finite"] and mode["train_tokens_per_s"] > 0
     assert mode["resume"]["abs_diff"] == 0.0
     # float32 on the CPU: 4 (weights) + 4 (grads) + 8 (Adam) + 4 (reference) bytes per
@@ -44,6 +45,7 @@ def test_gpu_smoke(tmp_path):
     for name, mode in result["modes"].items():
         assert mode["finite"], name
         assert mode["parity"]["mean_abs_diff"] < 0.05, (name, mode["parity"])
+        assert mode["packing"]["mean_abs_diff"] < 0.05, (name, mode["packing"])
         assert 0.0 < mode["mfu"] < 1.0, name
         assert mode["memory"]["peak_over_model_total"] <= 1.0, (name, mode["memory"])
         assert mode["resume"]["abs_diff"] <= 1e-3 * max(1.0, abs(mode["resume"]["loss_continued"]))

@@ -61,6 +61,37 @@ def test_every_batch_tensor_reaches_the_model_and_the_loss_on_the_model_device(m
     assert seen and all(d == SENTINEL for d in seen), seen
 
 
+def test_a_packed_micro_batch_reaches_the_model_with_its_segments_on_the_device(monkeypatch):
+    """A packed row's `cu_seqlens` go to the model inside `PackedSeqParams` on the model's
+    device (TE's thd kernels read them there); `max_seqlen` stays a Python int."""
+    from megatron_seed.data.packing import pack
+
+    monkeypatch.setattr(logprobs, "_device", lambda: SENTINEL)
+    seen = {}
+
+    def model(input_ids, position_ids, attention_mask, labels, packed_seq_params):
+        seen.update(ids=input_ids.device, pos=position_ids.device, params=packed_seq_params)
+        return torch.zeros(input_ids.shape, device=input_ids.device)
+
+    plan = pack([3, 2], capacity=8, multiple=8)
+    ids = torch.tensor([[3, 4, 5], [6, 7, 0]])
+    batch = {
+        "input_ids": plan.pack_tensor(ids),
+        "labels": plan.pack_tensor(logprobs.shifted_labels(ids)),
+        "position_ids": plan.position_ids(),
+        "cu_seqlens": plan.cu_seqlens[0],
+        "max_seqlen": plan.max_seqlen(0),
+    }
+    logprobs.make_forward_step(lambda b, nll: (nll.sum(), {}))(iter([batch]), model)
+    params = seen["params"]
+    assert seen["ids"] == seen["pos"] == SENTINEL and params.qkv_format == "thd"
+    for cu in (params.cu_seqlens_q, params.cu_seqlens_kv, params.cu_seqlens_q_padded):
+        assert cu.device == SENTINEL and cu.dtype == torch.int32
+    assert params.max_seqlen_q == params.max_seqlen_kv == 3
+    with pytest.raises(ValueError, match="a packed micro-batch is one row, got 2"):
+        logprobs.model_forward(model, {**batch, "input_ids": ids})
+
+
 def test_a_dropped_config_field_is_an_error_unless_it_is_an_off_switch():
     def old_config(num_layers: int = 1, bf16: bool = False, bias_dropout_fusion: bool = False):
         return None
