@@ -95,7 +95,7 @@ class ParallelConfig(_Checked):
     # the output layer and cross entropy run over chunks of about this many tokens
     # (models/chunked.py): float32 logits O(chunk x vocab / TP) instead of O(micro-batch
     # tokens x vocab / TP); 0 scores the whole micro-batch at once
-    logit_chunk_tokens: int = _range(1024, 0)
+    logit_chunk_tokens: int = _range(512, 0)
 
 
 @dataclass(frozen=True)

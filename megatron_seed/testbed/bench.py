@@ -1,4 +1,5 @@
-"""`seed bench scoring|attention`: what scoring, the teacher pass and attention cost.
+"""`seed bench scoring|attention|memory`: what scoring, the teacher pass, attention and the
+output layer cost.
 
 `scoring`:
 
@@ -12,6 +13,8 @@
     core attention (`models.attention`) and with Megatron's `DotProductAttention`, at
     several sequence lengths, interleaved rounds, medians, ratios and the largest NLL and
     gradient differences.
+`memory`: peak memory of a log-prob pass and a train step at a real vocabulary, 1k-8k tokens,
+    chunked and whole output layer (`testbed.bench_memory`).
 Results go to a JSON file (default bench/WHAT.json) and are printed.
 """
 
@@ -26,13 +29,20 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("what", choices=["scoring", "attention"])
+    parser.add_argument("what", choices=["scoring", "attention", "memory"])
     parser.add_argument("--out", default=None, help="results file (default bench/WHAT.json)")
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--trajectories", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=None, help="default 4 (memory: 2)")
+    parser.add_argument("--shape", default="qwen2.5-0.5b", help="memory: a recipes.SHAPES name")
+    parser.add_argument(
+        "--lengths", default="1024,2048,4096,8192", help="memory: tokens per pass, comma-separated"
+    )
+    parser.add_argument(
+        "--chunk", type=int, default=None, help="memory: logit_chunk_tokens (default: the config's)"
+    )
 
 
 def _window_records(records, k: int | None):
@@ -216,6 +226,44 @@ def _run_attention(args: argparse.Namespace, work: Path) -> dict:
     return {"attention": result}
 
 
+def _run_memory(args: argparse.Namespace, work: Path) -> dict:
+    import dataclasses
+
+    from megatron_seed.errors import CommandError
+    from megatron_seed.models.init_model import hf_config, write_checkpoint
+    from megatron_seed.recipes import SHAPES
+    from megatron_seed.testbed.bench_memory import SMALL_VOCAB, run_memory
+    from megatron_seed.testbed.tiny import make_tiny_qwen
+
+    if args.shape not in SHAPES or not SHAPES[args.shape].hf_id.startswith("Qwen/"):
+        raise CommandError(f"unknown --shape {args.shape!r}; a Qwen shape of recipes.SHAPES")
+    try:
+        lengths = tuple(int(x) for x in args.lengths.split(","))
+    except ValueError:
+        raise CommandError(
+            f"--lengths must be comma-separated integers: {args.lengths!r}"
+        ) from None
+    shape = SHAPES[args.shape]
+    layers = args.layers or 2
+    if args.chunk is None:
+        from megatron_seed.config import ParallelConfig
+
+        args.chunk = ParallelConfig().logit_chunk_tokens
+    write_checkpoint(shape, work / "model", layers=layers)
+    # the same shape with a negligible vocabulary: what the passes hold besides the logits
+    small = hf_config(dataclasses.replace(shape, vocab=SMALL_VOCAB), layers)
+    drop = ("architectures", "bos_token_id", "eos_token_id")  # ids past the small vocabulary
+    make_tiny_qwen(work / "small", **{k: v for k, v in small.items() if k not in drop})
+    print(
+        f"{shape.hf_id} shape, {layers} layers, vocab {shape.vocab}; logit_chunk_tokens "
+        f"{args.chunk}; peak resident memory per pass (fresh process each)"
+    )
+    result = run_memory(work / "model", work / "small", shape.vocab, lengths, args.chunk)
+    result["model"] = {"shape": args.shape, "layers": layers, "vocab": shape.vocab}
+    result["chunk"] = args.chunk
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     """Build a small model and tokenizer, run the benchmark in a fresh process, report."""
     import tempfile
@@ -226,6 +274,14 @@ def run(args: argparse.Namespace) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="seed-bench-"))
     out = Path(args.out or f"bench/{args.what}.json")
+    if args.what != "memory":
+        args.layers = args.layers or 4
+    if args.what == "memory":
+        from megatron_seed.testbed.bench_memory import write_results
+
+        write_results(_run_memory(args, work), out)
+        print(f"wrote {out}")
+        return 0
     if args.what == "attention":
         result = _run_attention(args, work)
         result["model"] = {"hidden": args.hidden, "layers": args.layers}

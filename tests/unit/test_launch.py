@@ -127,12 +127,12 @@ def test_memory_estimate_reads_what_the_trainer_runs() -> None:
     # the CPU recipes run what a CPU can: no distributed optimizer
     assert not recipes.get("tiny").config.parallel.distributed_optimizer
     # logits for one chunk of the output layer, or the whole micro-batch without chunking
-    assert parallel.logit_chunk_tokens == 1024 and layout.tokens_per_micro_batch == 8192
+    assert parallel.logit_chunk_tokens == 512 and layout.tokens_per_micro_batch == 8192
     whole = trainer_memory_gib(
         model, dataclasses.replace(parallel, logit_chunk_tokens=0), 4, layout
     )
-    assert ran["logits_fp32"] == pytest.approx(8 * 1024 * model.vocab / 2 / 1024**3)  # TP=2
-    assert whole["logits_fp32"] == pytest.approx(8 * ran["logits_fp32"])
+    assert ran["logits_fp32"] == pytest.approx(8 * 512 * model.vocab / 2 / 1024**3)  # TP=2
+    assert whole["logits_fp32"] == pytest.approx(16 * ran["logits_fp32"])
 
 
 # ---------------------------------------------------------------- bad input, one line
