@@ -88,15 +88,15 @@ def real_shapes(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize(
-    ("shape", "tp"), [("qwen2.5-0.5b", 1), ("qwen2.5-0.5b", 2), ("qwen3-0.6b", 2)]
-)
-def test_check_parity_passes_at_real_qwen_shapes(real_shapes, shape, tp, capsys):
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+@pytest.mark.parametrize("shape", ["qwen2.5-0.5b", "qwen3-0.6b"])
+def test_check_parity_passes_at_real_qwen_shapes(real_shapes, shape, tp, pp, capsys):
     import json
 
     from megatron_seed import cli
 
-    argv = ["check-parity", "--hf", str(real_shapes[shape]), "--tp", str(tp), "--json"]
+    argv = ["check-parity", "--hf", str(real_shapes[shape]), "--tp", str(tp), "--pp", str(pp)]
+    argv.append("--json")
     assert cli.main([*argv, "--batch", "2", "--seq", "32"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["ok"] and result["tol"] == 1e-4 and result["max_abs_diff"] <= 1e-4, result
