@@ -94,7 +94,9 @@ def _train_worker(
     init_parallel(1, 1, seed=s.seed + 1)
     torch.manual_seed(s.seed)
     optim = OptimConfig(lr=s.lr, clip_grad=1.0, micro_batch_size=s.batch_size)
-    cfg = SeedConfig(parallel=ParallelConfig(precision="fp32"), optim=optim)
+    # whole-sequence logits: the tiny vocabulary's are small, and chunking them would change
+    # float rounding, hence the measured base policy (as in the default job's recipe)
+    cfg = SeedConfig(parallel=ParallelConfig(precision="fp32", logit_chunk_tokens=0), optim=optim)
     trainer = SeedTrainer(cfg, init_dir)
     rng = random.Random(f"batches:{s.seed}")
     plan = length_batches([len(q) for q in sequences], s.batch_size, s.train_steps, rng)
