@@ -141,6 +141,12 @@ class AlgoConfig(_Checked):
     rlsd_lambda0: float = _range(0.5, 0.0, 1.0)
     rlsd_decay_updates: int = _range(100, 1)
     rlsd_eps_w: float = _range(0.2, 0.0, 1.0)
+    # Analyzer replay (beyond the paper; off at 0): each update adds replay_weight x the
+    # Stage-1 hindsight-skill NLL (answer tokens of the analyzer request) of
+    # replay_examples stored Stage-1 examples, drawn anew per update, to every optimizer
+    # step, so that the policy's own analyzer keeps its format while RL moves the actor
+    replay_weight: float = _range(0.0, 0.0)
+    replay_examples: int = _range(4, 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -213,6 +219,14 @@ class SkillConfig(_Checked):
     max_retries: int = _range(2, 0)
     max_tokens: int = _range(4096, 1)
     temperature: float = _range(0.0, 0.0)
+    # Where the teacher's context comes from (`skills.library`): "analyzer" the policy's
+    # own on-policy skill (SEED); "library" a family-keyed library (the baselines' static
+    # skills); "stage1_library" per game, a Stage-1 skill; "expert_plan" the environment's
+    # expert plan as text (original OPSD). Every source is inserted by H.
+    teacher_source: Literal["analyzer", "library", "stage1_library", "expert_plan"] = "analyzer"
+    # the library's skill also in the rollout prompts (Skill-GRPO: exploration and every
+    # log-prob of training are conditioned on it)
+    rollout_skill: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,15 @@
 
     seed train --model DIR --games DIR --out DIR [--recipe NAME] [--config-json JSON|FILE]
                [--env NAME] [--updates N] [--tp T --pp P --dp D] [--engines E]
-               [--env-workers W] [--grpo]
+               [--env-workers W] [--grpo] [--method NAME] [--skill-library PATH]
+               [--replay-data annotated.jsonl]
+
+`--method` applies one of the paper's methods (`megatron_seed.methods`: grpo, skill-grpo,
+opsd, opsd-paper, grpo-opsd, skill-sd, rlsd, sdar, seed, seed-replay, no-sft, no-opd,
+static-skills) on top of the recipe; a method with fixed skills reads them from
+`--skill-library` (a folder of general.md + FAMILY.md, or for static-skills Stage-1
+annotations) or, for opsd-paper, from the environment's expert plans. `--replay-data` gives
+analyzer replay (seed-replay, or algo.replay_weight > 0) its Stage-1 annotations.
 
 Config: defaults <- recipe <- --config-json <- flags; every value is range-checked before
 anything starts (a bad one is a one-line error, exit code 2).
@@ -20,6 +28,7 @@ import os
 from pathlib import Path
 
 from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.methods import METHODS, get_method
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", type=int, default=None, help="vLLM engines (fleet.engines)")
     parser.add_argument("--env-workers", type=int, default=None, help="env worker processes")
     parser.add_argument("--grpo", action="store_true", help="plain GRPO (no analyzer, no OPD)")
+    parser.add_argument(
+        "--method",
+        default=None,
+        choices=[m for m, v in METHODS.items() if v.trains],
+        help="one of the paper's methods (megatron_seed/methods.py), applied on the recipe",
+    )
+    parser.add_argument(
+        "--skill-library",
+        default=None,
+        help="fixed skills: a folder of general.md + FAMILY.md, or Stage-1 annotations (JSONL)",
+    )
+    parser.add_argument(
+        "--replay-data", default=None, help="Stage-1 annotations (JSONL) for analyzer replay"
+    )
 
 
 def build_config(args: argparse.Namespace):
@@ -57,6 +80,8 @@ def build_config(args: argparse.Namespace):
             cfg = recipes.get(args.recipe).config
         except KeyError as err:
             raise CommandError(str(err).strip("'\"")) from None
+    if args.method:
+        cfg = get_method(args.method).config(cfg)
     if args.config_json:
         text = (
             Path(args.config_json).read_text()
@@ -133,14 +158,26 @@ def build_job(args: argparse.Namespace):
         raise CommandError(str(err)) from None
     if not games:
         raise CommandError(f"no games under {args.games} (no {env.name} tasks found)")
-    return Stage2Job(
-        model_dir=str(args.model),
-        games=games,
-        out_dir=str(output_dir(args.out)),
-        cfg=cfg,
-        eval_games=eval_games,
-        eval_every=args.eval_every,
-    )
+    from megatron_seed.pipeline.stage2 import check_job
+    from megatron_seed.skills.library import game_skills
+
+    try:
+        job = Stage2Job(
+            model_dir=str(args.model),
+            games=games,
+            out_dir=str(output_dir(args.out)),
+            cfg=cfg,
+            eval_games=eval_games,
+            eval_every=args.eval_every,
+            skill_library=game_skills(cfg, env, games, args.skill_library),
+            replay_data=args.replay_data,
+        )
+        check_job(job)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    if args.replay_data and not Path(args.replay_data).is_file():
+        raise CommandError(f"--replay-data {args.replay_data} is not a file")
+    return job
 
 
 def run(args: argparse.Namespace) -> int:

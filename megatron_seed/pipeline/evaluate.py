@@ -1,4 +1,4 @@
-"""Evaluation without skills: episodes on held-out tasks, success per family.
+"""Evaluation (without skills, unless asked): episodes on held-out tasks, success per family.
 
 The report's columns are the environment's (`EnvSpec.report_columns`; for ALFWorld the
 paper's Table 1: Pick, Look, Clean, Heat, Cool, Pick2) and their macro average over the
@@ -7,7 +7,7 @@ families present.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ def evaluate_policies(
     cfg: SeedConfig,
     sampled: dict[str, tuple[float, int, int]] | None = None,
     fleet: Any = None,
+    skills: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Skill-free episodes of each model on each split's games, one fleet for all (the next
     model's weights are streamed into the engines; the models must share an architecture and
@@ -47,7 +48,9 @@ def evaluate_policies(
     model (on CPU, where vLLM cannot seed single requests, the engines' streams restart at
     ``seed`` for each model and split: `Fleet.reseed`).
 
-    ``fleet``: a running `Fleet` to use (left running) instead of starting one."""
+    ``fleet``: a running `Fleet` to use (left running) instead of starting one.
+    ``skills``: {game: skill} for every game of every split: each episode plays with its
+    game's skill inserted by H (Skill-Prompt*, Skill-GRPO*); None: without skills."""
     from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.rollout.session import RolloutSession
 
@@ -64,7 +67,7 @@ def evaluate_policies(
                 )
                 session.fleet.reseed(seed)  # the same draws whatever ran on the fleet before
                 games = [g for name in names for g in splits[name]]
-                records, _ = session.play(session.tasks(games), n, spec, update=-1)
+                records, _ = session.play(session.tasks(games, skills), n, spec, update=-1)
                 for name in names:  # records come n per task, in task order
                     result[name] = summarize(records[: n * len(splits[name])])
                     result[name]["decoding"] = f"T={temperature:g}, {n} per game"

@@ -9,7 +9,8 @@ update, as named phases (each timed as `time/<phase>`, its metrics under `<phase
               trainer and every engine score a fixed probe (`rollout.refit`): an engine
               whose weights differ fails the update, naming the engine
     rollout   B tasks x N episodes with theta_old (the fleet) against the env workers
-    analyze   the same fleet turns each finished episode into a hindsight skill s
+    analyze   the same fleet turns each finished episode into a hindsight skill s (or,
+              for the baselines, each takes its game's fixed skill: `library_skills`)
     train     old/ref/teacher log-probs, SEED loss, Adam step (`SeedTrainer.train_step`)
     evaluate  (every `eval_every` updates) greedy episodes without skills
     checkpoint (every `save_every` updates)
@@ -53,11 +54,35 @@ class Stage2Job:
     ray_address: str | None = None
     eval_games: list[str] = field(default_factory=list)
     eval_every: int = 0
-    # game -> skill: a static offline library used instead of on-policy skills (ablation)
+    # game -> skill for every training game: the fixed skills of `cfg.skill.teacher_source`
+    # (library, stage1_library, expert_plan; `skills.library`), also the rollout prompts'
+    # when `cfg.skill.rollout_skill`
     skill_library: dict[str, str] | None = None
+    # Stage-1 annotations (JSONL) whose accepted skills analyzer replay draws from
+    # (`cfg.algo.replay_weight` > 0)
+    replay_data: str | None = None
     # a running fleet to connect to (`Fleet.address`) instead of starting one; its engines
     # hold other weights, so theta is synced before the first rollout
     fleet_address: Any = None
+
+
+def check_job(job: Stage2Job) -> None:
+    """Fail loud before any compute: a method's fixed skills must cover every training
+    game, and analyzer replay needs its Stage-1 examples."""
+    skill = job.cfg.skill
+    fixed = job.cfg.algo.use_opd and skill.teacher_source != "analyzer"
+    if fixed or skill.rollout_skill:
+        need = f"skill.teacher_source={skill.teacher_source!r}" if fixed else "skill.rollout_skill"
+        if job.skill_library is None:
+            raise ValueError(f"{need} needs a skill library (--skill-library)")
+        missing = [g for g in job.games if g not in job.skill_library]
+        # the Stage-1 library may lack games whose Stage-1 skills all failed (no teacher)
+        if missing and (skill.rollout_skill or skill.teacher_source != "stage1_library"):
+            raise ValueError(
+                f"the skill library has no skill for {len(missing)} games, e.g. {missing[0]}"
+            )
+    if job.cfg.algo.replay_weight and not job.replay_data:
+        raise ValueError("algo.replay_weight > 0 needs Stage-1 annotations (--replay-data)")
 
 
 def _rank() -> int:
@@ -143,6 +168,7 @@ class Run:
     hf_config: dict[str, Any]
     need_sync: bool  # the engines do not hold theta yet
     probe: Any = None  # TokenBatch [1, n] the refit check scores after every sync
+    replay_pool: list[TrajectoryRecord] = field(default_factory=list)  # analyzer replay
 
     @property
     def cfg(self) -> SeedConfig:
@@ -251,8 +277,9 @@ def rollout(run: Run) -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
     session = side.session
     if cfg.rollout.reseed_each_update:
         session.fleet.reseed(update_seed(cfg.seed, run.step))
+    skills = run.job.skill_library if cfg.skill.rollout_skill else None
     records, stats = session.play(
-        session.tasks(games), cfg.rollout.group_size, session.sampling(), update=run.step
+        session.tasks(games, skills), cfg.rollout.group_size, session.sampling(), update=run.step
     )
     metrics = rollout_metrics(records)
     metrics.update({f"rollout/{k}": float(v) for k, v in dataclasses.asdict(stats).items()})
@@ -265,11 +292,13 @@ def update_seed(seed: int, step: int) -> int:
 
 
 def analyze(run: Run, records: list[TrajectoryRecord] | None) -> dict[str, float]:
-    """Hindsight skills from the same fleet weights, or from the static library."""
+    """Hindsight skills from the same fleet weights, or a fixed source's (`library_skills`)."""
     if records is None:
         return {}
-    if run.job.skill_library is not None:
-        return library_skills(records, run.job.skill_library)
+    source = run.cfg.skill.teacher_source
+    if source != "analyzer":
+        assert run.job.skill_library is not None  # check_job
+        return library_skills(records, run.job.skill_library, source)
     from megatron_seed.rollout.analyzer import analyze_records
 
     session = run.side.session
@@ -282,13 +311,16 @@ def analyze(run: Run, records: list[TrajectoryRecord] | None) -> dict[str, float
     )
 
 
-def library_skills(records: list[TrajectoryRecord], library: dict[str, str]) -> dict[str, float]:
-    """The ``static-skills`` ablation's analyze phase: each trajectory's skill is its game's
-    entry in a fixed library (fills record.skill / analysis; no analyzer call)."""
+def library_skills(
+    records: list[TrajectoryRecord], library: dict[str, str], source: str = "library"
+) -> dict[str, float]:
+    """The analyze phase of a fixed teacher context (the baselines' library, the
+    ``static-skills`` ablation's Stage-1 skills, the expert plan): each trajectory's skill
+    is its game's entry (fills record.skill / analysis; no analyzer call)."""
     for record in records:
         record.skill = library.get(record.game)
         valid = record.skill is not None
-        record.analysis = Analysis(record.task_id, valid=valid, source="library")
+        record.analysis = Analysis(record.task_id, valid=valid, source=source)
     valid = sum(r.has_teacher for r in records)
     return {"analyze/n": float(len(records)), "analyze/valid_rate": valid / max(1, len(records))}
 
@@ -306,9 +338,29 @@ def train(run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
         cfg.algo.adv_eps,
         pad_to_multiple_of=run.trainer.seq_multiple,
     )
-    metrics = {f"train/{k}": v for k, v in run.trainer.train_step(pb).items()}
+    replay = replay_batch(run) if cfg.algo.replay_weight else None
+    metrics = {f"train/{k}": v for k, v in run.trainer.train_step(pb, replay).items()}
     run.trainer.state.data_position += cfg.rollout.tasks_per_update
     return metrics
+
+
+def replay_batch(run: Run) -> Any:
+    """This update's analyzer-replay examples: `algo.replay_examples` accepted Stage-1
+    records drawn by (seed, update), as SFT sequences (loss on the answer tokens), the same
+    on every rank."""
+    from megatron_seed.data import collate
+    from megatron_seed.pipeline.stage1 import sft_sequence
+
+    cfg = run.cfg
+    rng = random.Random(update_seed(cfg.seed, run.step))
+    pool = run.replay_pool
+    picked = rng.sample(pool, min(cfg.algo.replay_examples, len(pool)))
+    seqs = [
+        sft_sequence(run.tokenizer, r, cfg.skill.analyzer_layout, cfg.skill.min_words)
+        for r in picked
+    ]
+    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    return collate(seqs, pad, run.trainer.seq_multiple)
 
 
 def evaluate(run: Run) -> dict[str, float]:
@@ -439,6 +491,8 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     from megatron_seed.train.trainer import SeedTrainer
 
     cfg, out = job.cfg, Path(job.out_dir)
+    check_job(job)
+    replay_pool = _replay_pool(job)
     init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device)
     where = f"trainer rank {_rank()}/{dist.get_world_size()} on node {node_name()}"
     print(where, flush=True)
@@ -479,7 +533,20 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
         hf_config,
         need_sync,
         _probe(cfg, tokenizer, trainer.seq_multiple),
+        replay_pool,
     )
+
+
+def _replay_pool(job: Stage2Job) -> list[TrajectoryRecord]:
+    """The accepted Stage-1 records analyzer replay draws from ([] when it is off)."""
+    if not job.cfg.algo.replay_weight:
+        return []
+    from megatron_seed.data import read_jsonl
+
+    pool = [r for r in read_jsonl(job.replay_data) if r.has_teacher]
+    if not pool:
+        raise ValueError(f"{job.replay_data} holds no accepted skill for analyzer replay")
+    return pool
 
 
 def _probe(cfg: SeedConfig, tokenizer: Any, block: int) -> Any:

@@ -15,6 +15,7 @@ for that episode (status `env_error` / `engine_error`; the other episodes go on)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,9 +63,13 @@ class Task:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def make_tasks(env: EnvSpec, games: list[str]) -> list[Task]:
-    """One `Task` per task id of environment `env` (id: the last path component)."""
-    return [Task(Path(g).name, str(g), env.family(str(g))) for g in games]
+def make_tasks(
+    env: EnvSpec, games: list[str], skills: Mapping[str, str] | None = None
+) -> list[Task]:
+    """One `Task` per task id of environment `env` (id: the last path component); with
+    `skills`, each task's `skill` is its game's entry (None where it has none)."""
+    skills = skills or {}
+    return [Task(Path(g).name, str(g), env.family(str(g)), skill=skills.get(str(g))) for g in games]
 
 
 @dataclass
@@ -134,7 +139,7 @@ class AgentLoop:
 
         A task whose ``skill`` is set plays with that skill inserted by H into every prompt
         that holds the task line (the first one; every one in window mode): skills in
-        context at rollout, for probes and ablations; Stage 2 never sets it.
+        context at rollout (Skill-GRPO, Skill-Prompt*, evaluation with skills).
         """
         system = self.prompts.system_prompt
         if self.cfg.history_mode == "window" or not ep.turns:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -204,9 +205,10 @@ class RolloutSession:
         self.context = engine_kwargs(cfg, model_dir)["max_model_len"]
         self.loop = AgentLoop(fleet, pool, tokenizer, cfg.rollout, self.env)
 
-    def tasks(self, games: list[str]) -> list[Task]:
-        """Task objects of this environment for `games`."""
-        return make_tasks(self.env, games)
+    def tasks(self, games: list[str], skills: Mapping[str, str] | None = None) -> list[Task]:
+        """Task objects of this environment for `games`; with `skills` ({game: skill}),
+        each plays with its game's skill inserted by H (skills in the rollout prompts)."""
+        return make_tasks(self.env, games, skills)
 
     def sampling(self, greedy: bool = False, seed: int | None = None) -> Any:
         """Sampling parameters for actions (the rollout config's, or greedy)."""

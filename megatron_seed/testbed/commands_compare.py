@@ -1,10 +1,13 @@
-"""`seed compare [--quick] [--env NAME] [--seeds 0 1 2] [--out DIR]`: SEED vs GRPO, same budget.
+"""`seed compare [--quick] [--env NAME] [--seeds 0 1 2] [--methods ...] [--out DIR]`: methods
+side by side, same budget.
 
-Each (method, seed) is one default job (`seed run`) in its own folder; the base policy and
-the games of a seed are shared by the methods, so they start from the same place and see
-the same tasks and evaluation draws. GRPO starts from the base policy (the paper's
-baseline); SEED from its own Stage-1 SFT. The side-by-side table goes to OUT/compare.md and
-OUT/compare.json; re-running resumes.
+Each (method, seed) is one default job (`seed run`) in its own folder; the base policy (and
+its evaluation), the games and the family skill library of a seed are shared by the methods,
+so they start from the same place and see the same tasks, skills and evaluation draws. The
+methods are `megatron_seed.methods`' (every row of the paper's Table 1, its Table-2
+ablations, seed-replay); the baselines start from the base policy, SEED from its own Stage-1
+SFT. A method evaluated with skills adds its starred row. The side-by-side table goes to
+OUT/compare.md and OUT/compare.json; re-running resumes.
 
 Every cell is the mean over seeds with its 95 % interval (`testbed.stats`: Student's t over
 seeds; with one seed, Wilson's interval over that seed's episodes) and the number of episodes
@@ -21,7 +24,7 @@ import statistics
 from pathlib import Path
 
 from megatron_seed.errors import output_dir
-from megatron_seed.testbed.default_job import METHODS
+from megatron_seed.methods import METHODS
 from megatron_seed.testbed.profiles import PROFILES
 from megatron_seed.testbed.report import family_columns
 from megatron_seed.testbed.stats import paired_difference, t_interval, wilson
@@ -37,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=["seed", "grpo"],
         choices=list(METHODS),
-        help="seed, grpo, and the paper's Table 2 ablations: no-sft, no-opd, static-skills",
+        metavar="METHOD",
+        help="any of: " + ", ".join(METHODS) + " (megatron_seed/methods.py; default: seed grpo)",
+    )
+    parser.add_argument(
+        "--skill-library", default=None, help="a family library folder (default: built)"
     )
     parser.add_argument("--out", default=None, help="default runs/compare[-ENV]")
 
@@ -142,12 +149,16 @@ def run(args: argparse.Namespace) -> int:
                 base_dir=out / f"base-seed{seed}",
                 games_dir=out / f"games-seed{seed}",
                 env=args.env,
+                library_dir=out / f"library-seed{seed}",
+                user_library=args.skill_library,
             )
             evals = job["evaluations"]
-            label = METHODS[method].label
-            results.setdefault(label, []).append(evals[label])
+            for label, result in evals.items():
+                if label not in ("Base (Vanilla)", "Stage-1 SFT"):
+                    results.setdefault(label, []).append(result)
             metrics = out / f"{method}-seed{seed}" / "stage2" / "metrics.jsonl"
-            seconds.setdefault(label, []).append(phase_seconds(metrics))
+            if metrics.is_file():
+                seconds.setdefault(METHODS[method].label, []).append(phase_seconds(metrics))
             if method == args.methods[0]:
                 baseline.append(evals["Base (Vanilla)"])
     results = {"Base (Vanilla)": baseline, **results}
@@ -162,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
     for split in ("seen", "unseen", "train"):
         lines += [f"## {split}", "", compare_table(results, split, args.env), ""]
         lines += [*difference_lines(results, split), ""]
-    lines += ["## seconds per Stage-2 update (median over updates 2..)", ""]
-    lines += [time_table(seconds), ""]
+    if seconds:
+        lines += ["## seconds per Stage-2 update (median over updates 2..)", ""]
+        lines += [time_table(seconds), ""]
     (out / "compare.md").write_text("\n".join(lines))
     summary = {"results": results, "seconds": seconds}
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")

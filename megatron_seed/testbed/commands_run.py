@@ -1,8 +1,8 @@
 """`seed run [--quick] [--env NAME] [--out DIR] [--seed S] [--algo A]`: the default job.
 
 `--env`: alfworld (default), search (search-based QA) or sokoban; each brings its own task
-generator, base policy and sizes (`testbed.profiles`). `--algo`: seed (default), grpo, or one
-of the paper's Table 2 ablations (no-sft, no-opd, static-skills; see `default_job.METHODS`).
+generator, base policy and sizes (`testbed.profiles`). `--algo`: seed (default) or any method
+of `megatron_seed.methods` (the paper's Table 1 rows, its Table 2 ablations, seed-replay).
 
 Everything goes under one output folder; re-running the same command resumes.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from megatron_seed.errors import output_dir
-from megatron_seed.testbed.default_job import METHODS
+from megatron_seed.methods import METHODS
 from megatron_seed.testbed.profiles import PROFILES
 
 
@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--algo", choices=list(METHODS), default="seed")
+    parser.add_argument(
+        "--skill-library", default=None, help="a family library folder (default: built)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,5 +38,12 @@ def run(args: argparse.Namespace) -> int:
 
     default = PROFILES[args.env].run_dir + ("-quick" if args.quick else "")
     out = output_dir(args.out or default)
-    run_default_job(out, quick=args.quick, seed=args.seed, algo=args.algo, env=args.env)
+    run_default_job(
+        out,
+        quick=args.quick,
+        seed=args.seed,
+        algo=args.algo,
+        env=args.env,
+        user_library=args.skill_library,
+    )
     return 0

@@ -15,9 +15,14 @@ rerun; Stage 2 resumes from its own checkpoints):
            temperature, fixed seed) on the training games
   report   OUT/report.md (Table-1 layout), OUT/curves.png, OUT/eval.json
 
-`--algo` picks the method (`METHODS`): SEED, GRPO (Stage 2 from the base, no OPD), or one of
-the paper's Table 2 ablations: without Stage-1 SFT, without OPD, or with a static library of
-Stage-1 skills instead of the policy's own (`skill_library`).
+`--algo` picks the method (`megatron_seed.methods`): SEED, or any row of the paper's Table 1
+(vanilla, skill-prompt, grpo, skill-grpo, opsd, opsd-paper, grpo-opsd, skill-sd, rlsd, sdar)
+or of its Table 2 (no-sft, no-opd, static-skills), or seed-replay (SEED with analyzer
+replay). Methods that read a family skill library get one written from Stage-1 annotations of
+the base policy (`library` phase: K0 rollouts, the oracle analyzer, per family a success's
+and a failure's skill; shared by the methods of a seed in `seed compare`), or the user's
+folder (`--skill-library`). Methods that train nothing are the base evaluated as it is (with
+the library's skill for Skill-Prompt*).
 
 `job_config` is the job's recipe (`megatron_seed.recipes`: `default`, `default-quick`; it
 states only what differs from the paper's defaults, and why) for one method, seed and
@@ -34,37 +39,17 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envs.spec import get_env
 from megatron_seed.config import SeedConfig
+from megatron_seed.methods import METHODS, Method
 from megatron_seed.testbed.profiles import ALFWORLD, JobSize, profile
 
 FULL = ALFWORLD.full  # ALFWorld's sizes (`testbed.profiles` has every environment's)
 QUICK = ALFWORLD.quick
 EVAL_SEED = 1234  # sampled evaluation draws: the same for every model of a run
-
-
-@dataclass(frozen=True)
-class Method:
-    """What one trained model of `seed run` / `seed compare` goes through."""
-
-    label: str  # its row in the report
-    stage1: bool  # Stage-1 hindsight-skill SFT before Stage 2
-    use_opd: bool  # the OPD term in Stage 2
-    static_skills: bool = False  # teacher skills from the Stage-1 library, not the policy
-
-
-METHODS = {
-    "seed": Method("SEED", stage1=True, use_opd=True),
-    "grpo": Method("GRPO", stage1=False, use_opd=False),
-    # the paper's Table 2 ablations
-    "no-sft": Method("w/o Hindsight Skill SFT", stage1=False, use_opd=True),
-    "no-opd": Method("w/o Self-Evolving OPD", stage1=True, use_opd=False),
-    "static-skills": Method("w/o On-Policy Skill", stage1=True, use_opd=True, static_skills=True),
-}
 
 
 def method_of(algo: str) -> Method:
@@ -82,10 +67,17 @@ def job_config(
     from megatron_seed import recipes
 
     cfg = recipes.get(size.recipe).config
-    algo_cfg = dataclasses.replace(cfg.algo, use_opd=method_of(algo).use_opd)
+    method = method_of(algo)
+    if method.trains:
+        cfg = method.config(cfg)
+    if cfg.algo.advantage_reweight == "rlsd":
+        # RLSD's lambda falls to 0 over the first 2/3 of the run, as the reference stack's
+        # 100 of 150 updates (its default 100 would barely move in a short job)
+        decay = max(1, round(cfg.updates * 2 / 3))
+        cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, rlsd_decay_updates=decay))
     rollout = dataclasses.replace(cfg.rollout, **profile(env).rollout)
     env_cfg = dataclasses.replace(cfg.env, name=env)
-    return dataclasses.replace(cfg, algo=algo_cfg, rollout=rollout, env=env_cfg, seed=seed)
+    return dataclasses.replace(cfg, rollout=rollout, env=env_cfg, seed=seed)
 
 
 def _progress(out: Path) -> dict[str, Any]:
@@ -160,12 +152,16 @@ def run_default_job(
     base_dir: str | Path | None = None,
     games_dir: str | Path | None = None,
     env: str = "alfworld",
+    library_dir: str | Path | None = None,
+    user_library: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the whole job on ``env``; returns the evaluations and facts of the
     report.
 
-    ``base_dir`` / ``games_dir`` (default under ``out_dir``): where the base policy and the
-    games live, so that several jobs (``seed compare``) can share them.
+    ``base_dir`` / ``games_dir`` / ``library_dir`` (default under ``out_dir``): where the base
+    policy (with its cached evaluation), the games and the family skill library built from
+    Stage-1 annotations live, so that several jobs (``seed compare``) can share them.
+    ``user_library``: a family library folder to use instead of building one.
     """
     from megatron_seed.testbed.base_policy import build_base_policy, read_manifest
     from megatron_seed.testbed.report import write_report
@@ -192,19 +188,27 @@ def run_default_job(
     facts["base_policy"] = _base_facts(read_manifest(base_root))
     fleet = JobFleet(base, cfg)
     try:
+        library = None
+        if method.needs_library:
+            library = Path(user_library) if user_library else Path(library_dir or out / "library")
+            if not user_library:
+                stage1_games = games["train"][: size.stage1_tasks]
+                facts["library"] = _library(library, base, stage1_games, cfg, fleet)
         init = base
         if method.stage1:
             init = _stage1(out, base, games["train"][: size.stage1_tasks], size, cfg, fleet)
             facts["stage1"] = _progress(out)["sft"]
-        library = (
-            skill_library(out / "stage1" / "annotated.jsonl") if method.static_skills else None
-        )
-        final = _stage2(out, init, games["train"], cfg, fleet, library)
-        models = {"Base (Vanilla)": base}
-        if method.stage1:
-            models["Stage-1 SFT"] = init
-        models[method.label] = final
-        evaluations = _evaluate(out, models, games, size, cfg, fleet)
+        models: dict[str, tuple[Path, bool]] = {"Base (Vanilla)": (base, False)}
+        final = base
+        if method.trains:
+            final = _stage2(out, init, games["train"], cfg, fleet, library)
+            if method.stage1:
+                models["Stage-1 SFT"] = (init, False)
+            if method.eval_plain:
+                models[method.label] = (final, False)
+        if method.eval_skill_label:
+            models[method.eval_skill_label] = (final, True)
+        evaluations = _evaluate(out, models, games, size, cfg, fleet, library, base_root)
     finally:
         fleet.close()
     (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
@@ -214,6 +218,34 @@ def run_default_job(
     report = write_report(out, evaluations, facts, env)
     print(f"report: {report}")
     return {"evaluations": evaluations, "facts": facts}
+
+
+def _library(
+    root: Path, base: Path, games: list[str], cfg: SeedConfig, fleet: JobFleet
+) -> dict[str, Any]:
+    """The family skill library written from Stage-1 annotations of the base policy (K0
+    rollouts per task, the environment's oracle analyzer) into ``root`` (built once;
+    ``root/done`` holds what the report says about it)."""
+    from megatron_seed.data import write_jsonl
+    from megatron_seed.pipeline import stage1
+    from megatron_seed.skills.library import SkillLibrary
+
+    done = root / "done"
+    if done.is_file():
+        return json.loads(done.read_text())
+    records = stage1.collect(base, games, root / "trajectories.jsonl", cfg, fleet=fleet.get())
+    annotated, am = stage1.annotate_oracle(records, cfg)
+    write_jsonl(annotated, root / "annotated.jsonl")
+    library = SkillLibrary.from_annotations(annotated)
+    library.save(root)
+    facts = {
+        "rollouts": len(records),
+        "acceptance_rate": am.get("analyze/valid_rate", 0.0),
+        "families": sorted(library.families),
+        "words": {f: len(t.split()) for f, t in sorted(library.families.items())},
+    }
+    done.write_text(json.dumps(facts) + "\n")
+    return facts
 
 
 def _base_facts(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -258,34 +290,24 @@ def _stage1(
     return sft_dir / "hf"
 
 
-def skill_library(annotated: Path) -> dict[str, str]:
-    """The static offline skill library of the ``static-skills`` ablation: per game, the
-    first valid Stage-1 skill, preferring one written for a successful episode."""
-    from megatron_seed.data import read_jsonl
-
-    library: dict[str, str] = {}
-    records = [r for r in read_jsonl(annotated) if r.has_teacher]
-    for record in sorted(records, key=lambda r: not r.won):  # stable: successes first
-        library.setdefault(record.game, record.skill)
-    if not library:
-        raise ValueError(f"{annotated} holds no valid skill to build a skill library from")
-    return library
-
-
 def _stage2(
     out: Path,
     init: Path,
     games: list[str],
     cfg: SeedConfig,
     fleet: JobFleet,
-    library: dict[str, str] | None = None,
+    library: Path | None = None,
 ) -> Path:
-    """SEED (or GRPO, or an ablation) updates with the fleet and the Megatron trainer ->
-    the final HF folder."""
+    """The method's Stage-2 updates with the fleet and the Megatron trainer -> the final HF
+    folder. Fixed skills: the family ``library`` folder, or this job's Stage-1 annotations
+    (``static-skills``), or the expert plans (`skills.library.game_skills`)."""
     from megatron_seed.models.parallel import spawn
-    from megatron_seed.pipeline.stage2 import Stage2Job, run_stage2
+    from megatron_seed.pipeline.stage2 import Stage2Job, check_job, run_stage2
+    from megatron_seed.skills.library import game_skills
 
+    annotated = out / "stage1" / "annotated.jsonl"
     if not _progress(out).get("stage2"):
+        source = annotated if cfg.skill.teacher_source == "stage1_library" else library
         job = Stage2Job(
             model_dir=str(init),
             games=games,
@@ -293,8 +315,10 @@ def _stage2(
             cfg=cfg,
             ray_address=_ray_init(),
             fleet_address=fleet.get().address,
-            skill_library=library,
+            skill_library=game_skills(cfg, get_env(cfg.env.name), games, source),
+            replay_data=str(annotated) if cfg.algo.replay_weight else None,
         )
+        check_job(job)
         spawn(run_stage2, 1, job)
         _mark(out, "stage2")
     return out / "stage2" / "final_hf"
@@ -302,23 +326,56 @@ def _stage2(
 
 def _evaluate(
     out: Path,
-    models: dict[str, Path],
+    models: dict[str, tuple[Path, bool]],
     games: dict[str, list[str]],
     size: JobSize,
     cfg: SeedConfig,
     fleet: JobFleet,
+    library: Path | None = None,
+    base_root: Path | None = None,
 ) -> dict[str, Any]:
-    """Every model without skills: greedy on seen and unseen, sampled on the training games."""
+    """Every model (label -> (folder, with the library's skill)): greedy on seen and unseen,
+    sampled on the training games; the skilled rows with each game's family skill in every
+    prompt (a family the library lacks plays without). The base's skill-free evaluation is
+    cached beside it (``base_root``), keyed by the games, for the jobs that share it."""
     from megatron_seed.pipeline.evaluate import evaluate_policies
+    from megatron_seed.skills.library import SkillLibrary
 
     evaluations = _progress(out).get("evaluate") or {}
-    todo = [name for name in models if name not in evaluations]
-    if todo:
-        splits = {"seen": games["seen"], "unseen": games["unseen"], "train": games["train"]}
-        sampled = {"train": (cfg.rollout.temperature, size.train_eval_episodes, EVAL_SEED)}
+    cache = base_root / f"eval-{_games_key(games)}.json" if base_root else None
+    base_label = "Base (Vanilla)"
+    if base_label not in evaluations and cache is not None and cache.is_file():
+        evaluations[base_label] = json.loads(cache.read_text())
+    splits = {"seen": games["seen"], "unseen": games["unseen"], "train": games["train"]}
+    sampled = {"train": (cfg.rollout.temperature, size.train_eval_episodes, EVAL_SEED)}
+    for skilled in (False, True):
+        todo = [n for n, (_, sk) in models.items() if sk == skilled and n not in evaluations]
+        if not todo:
+            continue
+        skills = None
+        if skilled:
+            assert library is not None  # Method.needs_library
+            every = [g for split in splits.values() for g in split]
+            env = get_env(cfg.env.name)
+            skills = SkillLibrary.load(library).for_games(every, env.family, strict=False)
         results = evaluate_policies(
-            [models[n] for n in todo], splits, cfg, sampled=sampled, fleet=fleet.get()
+            [models[n][0] for n in todo],
+            splits,
+            cfg,
+            sampled=sampled,
+            fleet=fleet.get(),
+            skills=skills,
         )
         evaluations.update(zip(todo, results, strict=True))
         _mark(out, "evaluate", evaluations)
+    if cache is not None and not cache.is_file():
+        cache.write_text(json.dumps(evaluations[base_label], indent=2) + "\n")
     return {name: evaluations[name] for name in models}
+
+
+def _games_key(games: dict[str, list[str]]) -> str:
+    """A short digest of the evaluation's games (the base's cached evaluation is theirs)."""
+    import hashlib
+
+    text = json.dumps({k: [Path(g).name for g in v] for k, v in sorted(games.items())})
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

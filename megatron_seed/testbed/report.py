@@ -82,7 +82,8 @@ def write_report(
     lines += [f"- {k}: {json.dumps(v) if isinstance(v, dict) else v}" for k, v in facts.items()]
     lines += [
         "",
-        "Success rate (%) without skills at evaluation; Len = mean episode length (steps).",
+        "Success rate (%) without skills at evaluation (rows marked * play with the skill "
+        "library's text in every prompt); Len = mean episode length (steps).",
         "",
     ]
     name = profile(env).title

@@ -7,7 +7,9 @@ Per update (Algorithm 1, lines 9-14), for the PolicyBatch of B sequences:
      teach = log pi_theta(a | H(h, s))    `snapshot`: here, once, with theta_old
   2. for each epoch (cfg.optim.epochs_per_update) and mini-batch (mini_batches_per_update):
        `live`: teach = log pi_theta(a | H(h, s)) with the current weights, no grad
-       forward/backward of seed_loss over micro-batches, Adam step with grad clipping
+       forward/backward of seed_loss over micro-batches, Adam step with grad clipping;
+       with analyzer replay (`algo.replay_weight`), the update's Stage-1 examples ride along
+       as extra rows whose answer-token NLL joins the loss (`_with_replay`)
   3. diagnostics, logged and never in the loss (`algo.diagnostics`): Delta = teach - old
      per record against its advantage and success (`opd/delta_adv_corr`,
      `opd/gated_frac_success`, `opd/gated_frac_failure`), from the teacher log-probs each
@@ -79,7 +81,37 @@ def _metric_keys(cfg: SeedConfig) -> list[str]:
     z = torch.zeros(1, 2)
     m = torch.ones(1, 2, dtype=torch.bool)
     _, metrics = seed_loss(cfg.algo, z, z, torch.zeros(1), m, z, z, update=0)
+    if cfg.algo.replay_weight:
+        metrics[REPLAY_NLL] = torch.zeros(())
     return sorted(metrics)
+
+
+REPLAY_NLL = "loss/replay_nll"  # the analyzer-replay term's masked NLL (before its weight)
+
+
+def _with_replay(
+    tensors: dict[str, torch.Tensor], lengths: torch.Tensor, replay: TokenBatch
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The mini-batch's `[m, s]` tensors with the replay rows `[r, s_r]` appended (both
+    right-padded to max(s, s_r)): the replay rows carry no RL, KL or OPD token (`mask`,
+    `opd_mask` False) and their answer tokens in `replay`; the student rows none."""
+    m, s = tensors["mask"].shape
+    r, s_r = replay.input_ids.shape
+    width = max(s, s_r)
+
+    def widen(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]))  # zeros / False
+
+    extra = {
+        "input_ids": replay.input_ids,
+        "labels": replay.labels,
+        "replay": replay.loss_mask,
+    }
+    out = {}
+    for key, value in {**tensors, "replay": torch.zeros(m, s, dtype=torch.bool)}.items():
+        tail = extra.get(key, torch.zeros(r, s_r, dtype=value.dtype))
+        out[key] = torch.cat([widen(value), widen(tail)])  # [m + r, width]
+    return out, torch.cat([lengths, replay.lengths])
 
 
 def _opd_condition(
@@ -298,7 +330,9 @@ class SeedTrainer:
         m, s = tensors["mask"].shape
         rows, per = self._dp_rows(m)
         local = {k: v[rows.clamp(min=0)].clone() for k, v in tensors.items()}
-        local["mask"][rows < 0] = False  # padding rows carry no loss
+        for key in ("mask", "replay"):  # padding rows carry no loss
+            if key in local:
+                local[key][rows < 0] = False
         batches = micro_batches(local, self.cfg.optim.micro_batch_size)
         return batches, padded_fraction(lengths, per * self.dp[1], s)
 
@@ -354,9 +388,15 @@ class SeedTrainer:
 
     # ------------------------------------------------------------ one update
 
-    def train_step(self, pb: PolicyBatch) -> dict[str, float]:
-        """One SEED (or GRPO, `use_opd=False`) update on a batch; returns global metrics."""
+    def train_step(self, pb: PolicyBatch, replay: TokenBatch | None = None) -> dict[str, float]:
+        """One SEED (or GRPO, `use_opd=False`) update on a batch; returns global metrics.
+
+        replay: Stage-1 analyzer examples (`loss_mask` on the answer tokens) whose NLL,
+        weighted by `algo.replay_weight`, joins every optimizer step of this update
+        (analyzer replay); needed exactly when that weight is not 0."""
         algo = self.cfg.algo
+        if bool(algo.replay_weight) != (replay is not None):
+            raise ValueError("algo.replay_weight > 0 needs replay examples, and only then")
         old = self.score(pb.student)  # [B, s]
         if algo.beta_kl and self.ref_model is None:
             raise RuntimeError("beta_kl != 0 needs the reference model (reference=True)")
@@ -385,7 +425,7 @@ class SeedTrainer:
                 if snapshot is None and i < k:
                     first_teacher[mini] = teacher
             metrics = self._optimizer_step(
-                pb, mini, old[mini], None if ref is None else ref[mini], teacher
+                pb, mini, old[mini], None if ref is None else ref[mini], teacher, replay
             )
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value / len(minis)
@@ -395,7 +435,7 @@ class SeedTrainer:
         self.state.step += 1
         return totals
 
-    def _optimizer_step(self, pb, mini, old, ref, teacher) -> dict[str, float]:
+    def _optimizer_step(self, pb, mini, old, ref, teacher, replay=None) -> dict[str, float]:
         student = select_rows(pb.student, mini)
         mask = student.loss_mask  # [m, s]
         has = pb.has_teacher[mini]  # [m]
@@ -414,13 +454,17 @@ class SeedTrainer:
             "adv": adv[:, None].expand_as(old),
             "opd_mask": has[:, None].expand_as(mask),
         }
-        local, pad_frac = self._micro_batches(tensors, student.lengths)
+        lengths = student.lengths
+        if replay is not None:
+            tensors, lengths = _with_replay(tensors, lengths, replay)
+            num_replay = replay.loss_mask.sum().float().clamp(min=1.0)
+        local, pad_frac = self._micro_batches(tensors, lengths)
         algo = self.cfg.algo
         update = self.state.step  # 0-based index of this update, restored on resume
 
         def loss_fn(mb: dict[str, torch.Tensor], nll: torch.Tensor):
             dev = nll.device
-            return seed_loss(
+            loss, metrics = seed_loss(
                 algo,
                 -nll,  # [b, s] log pi_theta, with grad
                 mb["old"].to(dev),
@@ -433,6 +477,12 @@ class SeedTrainer:
                 num_opd_tokens=num_opd.clamp(min=1.0),
                 update=update,
             )
+            if replay is not None:  # analyzer replay: the Stage-1 NLL on the answer tokens
+                replay_nll = (nll * mb["replay"].to(dev)).sum() / num_replay
+                loss = loss + algo.replay_weight * replay_nll
+                metrics[REPLAY_NLL] = replay_nll.detach()
+                metrics["loss/total"] = loss.detach()
+            return loss, metrics
 
         logs, grad_norm = self._adam_step(local, loss_fn)
         metrics = self._reduce_metrics(logs)

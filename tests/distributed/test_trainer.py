@@ -204,3 +204,34 @@ def test_rlsd_lambda_follows_the_update_index_and_opd_diagnostics_are_logged(tin
         expected = int((gated & rows).sum()) / int((mask & rows).sum())
         assert 0 < expected < 1, side  # both kinds of token on both sides
         assert first[f"opd/gated_frac_{side}"] == pytest.approx(expected, abs=1e-12), side
+
+
+def test_analyzer_replay_adds_its_weighted_nll_in_any_layout(tiny):
+    """With replay rows, the update's gradient is the plain update's plus replay_weight x the
+    NLL step's on those rows (same weights), its loss the plain loss plus w x that NLL; the
+    same at DP=2 (replay rows split over ranks, padding rows carrying nothing) and packed."""
+    hf, tok = tiny
+    w = 0.5
+    cfg = dataclasses.replace(CFG, algo=dataclasses.replace(CFG.algo, replay_weight=w))
+    packed = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, micro_batch_tokens=512))
+    runs = {}
+    for name, layout_cfg, dp in (("padded", cfg, 1), ("dp2", cfg, 2), ("packed", packed, 1)):
+        runs[name] = spawn(workers.replay_update_and_grads, dp, hf, tok, 1, 1, layout_cfg)[0]
+    with_replay, without, nll, g_replay, g_plain, g_nll = runs["padded"]
+    assert with_replay["loss/replay_nll"] == pytest.approx(nll["nll"], rel=1e-5)
+    assert nll["nll"] > 1.0  # a random model: several nats per token
+    assert with_replay["loss/total"] == pytest.approx(
+        without["loss/total"] + w * nll["nll"], rel=1e-5
+    )
+    for key in ("loss/policy", "kl", "loss/opd"):
+        assert with_replay[key] == pytest.approx(without[key], rel=1e-5, abs=1e-7), key
+    worst = max(_rel(g_replay[k], g_plain[k] + w * g_nll[k]) for k in g_replay)
+    assert worst <= 1e-5, worst
+    moved = max(_rel(g_replay[k], g_plain[k]) for k in g_replay)
+    assert moved > 1e-2  # the replay term is not negligible here
+    for name in ("dp2", "packed"):
+        metrics, grads = runs[name][0], runs[name][3]
+        assert metrics["loss/total"] == pytest.approx(with_replay["loss/total"], rel=1e-5), name
+        assert metrics["loss/replay_nll"] == pytest.approx(nll["nll"], rel=1e-5), name
+        worst = max(_rel(grads[k], g_replay[k]) for k in grads)
+        assert worst <= 1e-5, (name, worst)

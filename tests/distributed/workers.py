@@ -386,3 +386,112 @@ def packed_and_padded(hf_dir, tok_dir, tp, pp, cfg, tokens, sequence_parallel=Fa
         out[name] = run
     out["lengths"] = (pb.student.lengths, pb.teacher.lengths)
     return out
+
+
+def replay_update_and_grads(hf_dir, tok_dir, tp, pp, cfg):
+    """Analyzer replay: one update with replay rows (weight `cfg.algo.replay_weight`), and,
+    from the same weights, one without them and one NLL step on the replay rows alone.
+    Returns the three metrics and gradients by HF name."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    from megatron_seed.testbed.synthetic import synthetic_records
+    from megatron_seed.train.batch import build_policy_batch
+    from megatron_seed.train.trainer import SeedTrainer
+
+    trainer, _, pb = _setup(
+        hf_dir, tok_dir, tp, pp, cfg, groups=2, group_size=2, turns=3, valid_skill_every=2
+    )
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    # replay rows: other chats, longer than the policy batch's, loss on their action tokens
+    others = synthetic_records(tok, groups=1, group_size=3, turns=5, seed=7)
+    replay_pb = build_policy_batch(others, tok, with_teacher=False)
+    replay = replay_pb.student
+    assert replay.input_ids.shape[1] > pb.student.input_ids.shape[1]
+    with_replay = trainer.train_step(pb, replay)
+    grads_replay = trainer.grads_by_hf_name()
+    plain_cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, replay_weight=0.0))
+    plain = SeedTrainer(plain_cfg, hf_dir)
+    without = plain.train_step(pb)
+    grads_plain = plain.grads_by_hf_name()
+    nll_trainer = SeedTrainer(plain_cfg, hf_dir, reference=False)
+    nll = nll_trainer.nll_step(replay)
+    grads_nll = nll_trainer.grads_by_hf_name()
+    return with_replay, without, nll, grads_replay, grads_plain, grads_nll
+
+
+def methods_one_update(root: str, methods: list[str]) -> dict:
+    """One Stage-2 update of each named method on the tiny world (`make_tiny_world` at
+    ``root``), all on one fleet and one env pool: the engines are synced to each method's
+    start (`Stage2Job.fleet_address`). The family library is ROOT/library; the Stage-1
+    annotations static-skills and seed-replay read are written from the first method's
+    trajectories by the oracle analyzer. Then the base is evaluated with the library's
+    skills (Skill-Prompt*). Returns per method its metrics row, its first trajectory and
+    the analysis sources; and the evaluation."""
+    import dataclasses
+
+    import ray
+
+    from envs.spec import get_env
+    from envs.workers import EnvPool
+    from megatron_seed import recipes
+    from megatron_seed.data import read_jsonl, write_jsonl
+    from megatron_seed.methods import METHODS
+    from megatron_seed.pipeline import stage1
+    from megatron_seed.pipeline.evaluate import evaluate_policies
+    from megatron_seed.pipeline.stage2 import Stage2Job, check_job, run_stage2
+    from megatron_seed.rollout.session import init_ray, start_fleet
+    from megatron_seed.skills.library import SkillLibrary, game_skills
+
+    root = Path(root)
+    env = get_env("alfworld")
+    games = [str(g) for g in env.list_tasks(root / "games", None)]
+    base = recipes.get("tiny").config.with_changes(
+        {"updates": 1, "save_every": 0, "fleet": {"engines": 1}, "env": {"workers": 1}}
+    )
+    init_ray(base)
+    fleet = start_fleet(base, root / "model")
+    r = base.rollout
+    pool = EnvPool(env.name, num_workers=1, max_steps=r.max_steps)
+    annotated = root / "annotated.jsonl"
+    out: dict = {}
+    try:
+        for name in methods:
+            cfg = METHODS[name].config(base)
+            if cfg.algo.advantage_reweight == "rlsd":  # lambda visibly decays within 2 updates
+                cfg = dataclasses.replace(
+                    cfg, algo=dataclasses.replace(cfg.algo, rlsd_decay_updates=2)
+                )
+            source = annotated if cfg.skill.teacher_source == "stage1_library" else None
+            job = Stage2Job(
+                model_dir=str(root / "model"),
+                games=games,
+                out_dir=str(root / "runs" / name),
+                cfg=cfg,
+                fleet_address=fleet.address,
+                skill_library=game_skills(cfg, env, games, source or root / "library"),
+                replay_data=str(annotated) if cfg.algo.replay_weight else None,
+            )
+            check_job(job)
+            (row,) = run_stage2(job, pool=pool)
+            trajectories = root / "runs" / name / "trajectories" / "update_00000.jsonl"
+            records = list(read_jsonl(trajectories))
+            if not annotated.is_file():
+                done, _ = stage1.annotate_oracle(records, cfg)
+                write_jsonl(done, annotated)
+            out[name] = {
+                "row": row,
+                "first_user": records[0].turns[0].user,
+                "sources": sorted({x.analysis.source for x in records if x.analysis}),
+                "skills": sorted({x.skill for x in records if x.skill}),
+            }
+        skills = SkillLibrary.load(root / "library").for_games(games, env.family)
+        out["evaluation"] = evaluate_policies(
+            [root / "model"], {"train": games}, base, fleet=fleet, skills=skills
+        )[0]
+    finally:
+        pool.close()
+        fleet.close()
+        ray.shutdown()
+    return out

@@ -1,21 +1,15 @@
-"""The default job's methods (SEED, GRPO, the paper's Table 2 ablations), the static skill
-library of the `static-skills` ablation, and `seed compare`'s time table."""
+"""The default job's methods (`megatron_seed.methods` applied to its recipe), the fixed-skill
+analyze phase, and `seed compare`'s time table."""
 
 from __future__ import annotations
 
 import pytest
 
-from megatron_seed.data import Analysis, TrajectoryRecord, write_jsonl
+from megatron_seed.data import Analysis, TrajectoryRecord
 from megatron_seed.data.records import Turn
 from megatron_seed.pipeline.stage2 import library_skills
 from megatron_seed.testbed.commands_compare import time_table
-from megatron_seed.testbed.default_job import (
-    METHODS,
-    QUICK,
-    job_config,
-    method_of,
-    skill_library,
-)
+from megatron_seed.testbed.default_job import QUICK, job_config, method_of
 
 
 def _record(game: str, won: bool, skill: str | None, valid: bool) -> TrajectoryRecord:
@@ -34,45 +28,27 @@ def _record(game: str, won: bool, skill: str | None, valid: bool) -> TrajectoryR
 
 
 def test_methods_decide_stage1_and_opd():
-    assert {m: (v.stage1, v.use_opd, v.static_skills) for m, v in METHODS.items()} == {
-        "seed": (True, True, False),
-        "grpo": (False, False, False),
-        "no-sft": (False, True, False),
-        "no-opd": (True, False, False),
-        "static-skills": (True, True, True),
-    }
     assert job_config(QUICK, "no-opd").algo.use_opd is False
     assert job_config(QUICK, "no-sft").algo.use_opd is True
+    assert job_config(QUICK, "static-skills").skill.teacher_source == "stage1_library"
+    # SEED's job config is the recipe's, exactly (the methods change nothing of it)
+    from megatron_seed import recipes
+
+    seed_cfg = job_config(QUICK, "seed")
+    assert seed_cfg.algo == recipes.get("default-quick").config.algo
+    assert seed_cfg.skill == recipes.get("default-quick").config.skill
     with pytest.raises(ValueError, match="unknown algorithm 'ppo'"):
         method_of("ppo")
 
 
-def test_skill_library_prefers_a_success_and_skips_invalid_skills(tmp_path):
-    path = tmp_path / "annotated.jsonl"
-    write_jsonl(
-        [
-            _record("g1", False, "Avoid going back to the same drawer twice.", True),
-            _record("g1", True, "Workflow: go to drawer 2, take the mug, then move it.", True),
-            _record("g2", True, "broken", False),
-            _record("g3", False, "Avoid placing the mug before cleaning it first.", True),
-        ],
-        path,
-    )
-    assert skill_library(path) == {
-        "g1": "Workflow: go to drawer 2, take the mug, then move it.",
-        "g3": "Avoid placing the mug before cleaning it first.",
-    }
-    write_jsonl([_record("g2", True, "broken", False)], path)
-    with pytest.raises(ValueError, match="no valid skill"):
-        skill_library(path)
-
-
 def test_library_skills_replace_the_analyzer():
     records = [_record("g1", True, None, False), _record("g9", False, "stale", True)]
-    metrics = library_skills(records, {"g1": "Workflow: take the mug to the table first."})
+    metrics = library_skills(
+        records, {"g1": "Workflow: take the mug to the table first."}, "expert_plan"
+    )
     assert records[0].skill.startswith("Workflow") and records[0].has_teacher
     assert records[1].skill is None and not records[1].has_teacher  # no entry: no teacher
-    assert records[0].analysis.source == records[1].analysis.source == "library"
+    assert records[0].analysis.source == records[1].analysis.source == "expert_plan"
     assert metrics == {"analyze/n": 2.0, "analyze/valid_rate": 0.5}
 
 

@@ -1,0 +1,110 @@
+"""Every method name through the real Stage-2 driver: one update each on the tiny world (the
+fleet, the ALFWorld env workers, the Megatron trainer), each logging its own metrics; then
+the base evaluated with the library's skill (Skill-Prompt*). One spawned process runs them
+all on one fleet (about two minutes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_seed.methods import METHODS
+from megatron_seed.models.parallel import spawn
+from megatron_seed.skills.library import SkillLibrary
+from megatron_seed.testbed.tiny_world import make_tiny_world
+from tests.distributed import workers
+
+pytestmark = pytest.mark.slow
+
+GENERAL = "Look around first, then check each receptacle one by one."
+PICK = "Take the object from where it lies and move it to the target receptacle."
+# the Stage-2 runs; grpo first (its trajectories become the Stage-1 annotations)
+RUNS = [
+    "grpo", "skill-grpo", "opsd", "opsd-paper", "grpo-opsd", "skill-sd", "rlsd", "sdar",
+    "seed", "seed-replay", "static-skills",
+]  # fmt: skip
+# methods whose Stage 2 is another's (their difference is Stage 1 or no training at all)
+SAME_STAGE2 = {"no-sft": "seed", "no-opd": "grpo", "vanilla": None, "skill-prompt": None}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = make_tiny_world(tmp_path_factory.mktemp("methods"), n_games=4)
+    SkillLibrary(GENERAL, {"pick": PICK}).save(root / "library")
+    return spawn(workers.methods_one_update, 1, str(root), RUNS)[0]
+
+
+def _row(runs, name):
+    return runs[name]["row"]
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-5 * max(1.0, abs(a), abs(b))
+
+
+def _check(name: str, runs: dict) -> None:
+    """The method's own metrics (and none of the others')."""
+    row, run = _row(runs, name), runs[name]
+    assert row["step"] == 1 and row["rollout/episodes"] == 4
+    assert "train/loss/total" in row and "train/grad_norm" in row
+    if name in ("grpo", "skill-grpo"):
+        assert "train/loss/opd" not in row and "analyze/n" not in row and not run["sources"]
+    if name == "grpo":
+        assert "[Hindsight skill]" not in run["first_user"]
+    if name == "skill-grpo":  # the library's skill is in the rollout prompt the trainer scores
+        assert f"[Hindsight skill]\n{GENERAL}" in run["first_user"]
+    if name in ("opsd", "grpo-opsd", "skill-sd", "rlsd", "sdar"):
+        assert run["sources"] == ["library"] and row["analyze/valid_rate"] == 1.0
+        assert all(s.startswith(GENERAL) for s in run["skills"])  # general.md comes first
+        assert row["train/opd/token_frac"] == 1.0
+    if name in ("opsd", "grpo-opsd", "skill-sd", "sdar"):  # a teacher term moves the weights
+        assert row["train/grad_norm"] > 0  # (GRPO's and RLSD's may not: all 4 episodes lost)
+    if name == "opsd":  # no policy term in the loss: KL + lambda * L_opd
+        total = 0.01 * row["train/kl"] + 0.01 * row["train/loss/opd"]
+        assert _close(row["train/loss/total"], total)
+    if name == "grpo-opsd":  # beta_opd = 0: every gate is exactly 1/2
+        assert row["train/opd/gate_mean"] == 0.5
+    if name == "sdar":
+        assert 0.0 < row["train/opd/gate_mean"] < 1.0
+    if name == "skill-sd":  # L = L_grpo + KL + lambda_iw * L_iw
+        assert "train/loss/opd" not in row
+        total = (
+            row["train/loss/policy"] + 0.01 * row["train/kl"] + 0.001 * row["train/loss/distill"]
+        )
+        assert _close(row["train/loss/total"], total)
+    if name == "rlsd":
+        assert row["train/rlsd/lambda"] == 0.5  # update 0 of its schedule
+    if name == "opsd-paper":
+        assert run["sources"] == ["expert_plan"]
+        assert all(s.startswith("An expert solves this task") for s in run["skills"])
+        total = 0.01 * row["train/kl"] + 0.01 * row["train/loss/distill"]
+        assert _close(row["train/loss/total"], total)
+    if name in ("seed", "seed-replay"):
+        assert run["sources"] == ["analyzer"] and row["analyze/n"] == 4
+        assert "analyze/degenerate_rate" in row and "train/opd/token_frac" in row
+    if name == "seed":
+        assert "train/loss/replay_nll" not in row
+    if name == "seed-replay":
+        assert row["train/loss/replay_nll"] > 0
+    if name == "static-skills":
+        assert run["sources"] == ["stage1_library"] and row["analyze/valid_rate"] > 0
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_one_update_of_each_method(runs, name):
+    method = METHODS[name]
+    if name in SAME_STAGE2:
+        other = SAME_STAGE2[name]
+        if other is None:  # trains nothing: the base policy, evaluated (with skills for *)
+            assert not method.trains
+            if method.eval_skill_label:
+                evaluation = runs["evaluation"]["train"]
+                assert evaluation["episodes"] == 4
+                assert sum(evaluation["per_family_episodes"].values()) == 4
+            return
+        from megatron_seed import recipes
+
+        cfg = recipes.get("tiny").config
+        assert method.config(cfg) == METHODS[other].config(cfg)
+        assert method.stage1 != METHODS[other].stage1
+        name = other
+    _check(name, runs)
