@@ -2,7 +2,7 @@
 
     seed eval --env NAME --games DIR [--split S] --policy expert|random|MODEL_DIR
               [--episodes N] [--temperature T] [--seed S] [--max-steps N]
-              [--recipe NAME] [--config-json JSON|FILE] [--out FILE]
+              [--recipe NAME] [--config-json JSON|FILE] [--skill-library PATH] [--out FILE]
 
 Policies:
 - ``expert``: the environment's expert plan of each task (`EnvSpec.expert_plan`), sent as
@@ -12,7 +12,10 @@ Policies:
   ``random_reply``; ALFWorld: a random admissible action), seeded: a lower bound.
 - a model folder (HF checkpoint + tokenizer): the rollout fleet and agent loop of training,
   greedy with one episode per task unless ``--temperature`` or ``--episodes`` say otherwise
-  (sampled episodes draw from ``--seed``).
+  (sampled episodes draw from ``--seed``). With ``--skill-library`` (a family library
+  folder, or Stage-1 annotations to build one from) every episode plays with its task's
+  family skill inserted by H (the paper's starred rows: Skill-Prompt*, Skill-GRPO*); a task
+  whose family the library lacks plays without.
 
 Rollout settings (episode budget, prompt style, history, lengths) come from ``--recipe`` /
 ``--config-json`` as for `seed train`, and ``--max-steps`` on top.
@@ -61,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--recipe", default=None, help="a recipe from megatron_seed/recipes.py")
     parser.add_argument("--config-json", default=None, help="config changes (JSON text or file)")
+    parser.add_argument(
+        "--skill-library",
+        default=None,
+        help="a model plays with its family's skill: a library folder or annotations (JSONL)",
+    )
     parser.add_argument("--out", default=None, help="write the results as JSON")
 
 
@@ -156,7 +164,7 @@ def eval_config(args: argparse.Namespace, env: str) -> Any:
 
     ns = argparse.Namespace(
         recipe=args.recipe, config_json=args.config_json, updates=None, tp=None, pp=None,
-        engines=None, env=env, env_workers=None, grpo=False,
+        engines=None, env=env, env_workers=None, grpo=False, method=None,
     )  # fmt: skip
     cfg = build_config(ns)
     if args.max_steps is not None:
@@ -179,9 +187,20 @@ def _model_episodes(args: argparse.Namespace, cfg: Any, tasks: list[str]) -> lis
     sampling = SamplingSpec(
         temperature=temperature, max_tokens=cfg.rollout.max_response_tokens, seed=args.seed
     )
+    skills = None
+    if args.skill_library:
+        from envs.spec import get_env
+        from megatron_seed.skills.library import LibraryError, load_library
+
+        try:
+            library = load_library(args.skill_library)
+        except LibraryError as err:
+            raise CommandError(str(err)) from None
+        skills = library.for_games(tasks, get_env(cfg.env.name).family, strict=False)
     with RolloutSession(cfg, model) as session:
         session.fleet.reseed(args.seed)
-        records, _ = session.play(session.tasks(tasks), args.episodes, sampling, update=-1)
+        tasks_ = session.tasks(tasks, skills)
+        records, _ = session.play(tasks_, args.episodes, sampling, update=-1)
     return [
         Episode(r.game, r.family, r.won, r.reward, len(r.turns), r.invalid_actions) for r in records
     ]
@@ -225,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = eval_config(args, spec.name)
     start = time.perf_counter()
     if args.policy in SCRIPTED:
+        if args.skill_library:
+            raise CommandError("--skill-library is for a model policy, not expert or random")
         choose = scripted_policy(spec, args.policy, args.seed)
         episodes = play_scripted(spec, tasks, choose, args.episodes, cfg.rollout.max_steps)
     else:

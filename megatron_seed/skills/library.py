@@ -119,6 +119,21 @@ class SkillLibrary:
         return cls("", families)
 
 
+def load_library(path: str | Path) -> SkillLibrary:
+    """A family library from a folder (`SkillLibrary.load`) or from a JSONL file of Stage-1
+    annotations (`SkillLibrary.from_annotations`, what `seed annotate` writes)."""
+    from megatron_seed.data import read_jsonl
+
+    if Path(path).is_file():
+        try:
+            return SkillLibrary.from_annotations(read_jsonl(path))
+        except (ValueError, TypeError, KeyError) as err:
+            if isinstance(err, LibraryError):
+                raise
+            raise LibraryError(f"{path}: not Stage-1 annotations ({err})") from None
+    return SkillLibrary.load(path)
+
+
 def per_game_library(records: Iterable[TrajectoryRecord]) -> dict[str, str]:
     """The ``stage1_library`` source: per game, the first valid Stage-1 skill, preferring
     one written for a successful episode."""
@@ -163,8 +178,9 @@ def game_skills(
     cfg: SeedConfig, env: EnvSpec, games: Sequence[str], path: str | Path | None
 ) -> dict[str, str] | None:
     """``{game: skill}`` of the config's fixed source for ``games`` (None when it reads
-    none): the environment's expert plans, a family library folder (``library``), or
-    Stage-1 annotations, a JSONL file (``stage1_library``). `LibraryError` when the source
+    none): the environment's expert plans, a family library (``library``: a folder, or
+    Stage-1 annotations to build one from, `load_library`), or per game from Stage-1
+    annotations, a JSONL file (``stage1_library``). `LibraryError` when the source
     needs ``path`` and has none, or does not cover every game (the Stage-1 library: any)."""
     from megatron_seed.data import read_jsonl
 
@@ -177,7 +193,7 @@ def game_skills(
         what = "a family folder" if source == "library" else "Stage-1 annotations (JSONL)"
         raise LibraryError(f"the {source!r} skill source needs --skill-library ({what})")
     if source == "library":
-        return SkillLibrary.load(path).for_games(games, env.family)
+        return load_library(path).for_games(games, env.family)
     if not Path(path).is_file():
         raise LibraryError(f"--skill-library {path}: {source!r} reads a JSONL file of annotations")
     library = per_game_library(read_jsonl(path))

@@ -110,3 +110,22 @@ def synthetic_records(
                 )
             )
     return records
+
+
+def annotated_record(
+    game: str, won: bool, skill: str | None, valid: bool = True, family: str = "pick"
+) -> TrajectoryRecord:
+    """A one-turn record of ``game`` with an analysis (``valid``) and ``skill``: what skill
+    libraries are built from, without an environment."""
+    turn = Turn(user="obs", action="<action>look</action>", action_ids=[5], logprobs=[-1.0])
+    return TrajectoryRecord(
+        task_id=game,
+        group_id=game,
+        game=game,
+        family=family,
+        turns=[turn],
+        reward=float(won),
+        won=won,
+        skill=skill,
+        analysis=Analysis(game, valid=valid),
+    )

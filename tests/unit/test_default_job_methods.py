@@ -5,26 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_seed.data import Analysis, TrajectoryRecord
-from megatron_seed.data.records import Turn
 from megatron_seed.pipeline.stage2 import library_skills
 from megatron_seed.testbed.commands_compare import time_table
 from megatron_seed.testbed.default_job import QUICK, job_config, method_of
-
-
-def _record(game: str, won: bool, skill: str | None, valid: bool) -> TrajectoryRecord:
-    turn = Turn(user="obs", action="<action>look</action>", action_ids=[5], logprobs=[-1.0])
-    return TrajectoryRecord(
-        task_id=game,
-        group_id=game,
-        game=game,
-        family="pick",
-        turns=[turn],
-        reward=float(won),
-        won=won,
-        skill=skill,
-        analysis=Analysis(game, valid=valid),
-    )
+from megatron_seed.testbed.synthetic import annotated_record as _record
 
 
 def test_methods_decide_stage1_and_opd():

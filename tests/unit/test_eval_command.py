@@ -69,6 +69,7 @@ def test_one_split_and_one_line_errors(tasks, capsys):
         (("--policy", "expert", "--episodes", "0"), "--episodes must be at least 1"),
         (("--policy", "expert", "--env", "chess"), "unknown environment 'chess'"),
         (("--policy", "expert", "--max-steps", "0"), "bad --max-steps"),
+        (("--policy", "expert", "--skill-library", "lib"), "--skill-library is for a model"),
     ):
         assert main(["eval", *games, *args]) == 2, args
         lines = capsys.readouterr().err.strip().splitlines()

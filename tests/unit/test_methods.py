@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from megatron_seed.config import AlgoConfig, SeedConfig, SkillConfig
-from megatron_seed.data import Analysis, TrajectoryRecord, write_jsonl
-from megatron_seed.data.records import Turn
+from megatron_seed.data import write_jsonl
 from megatron_seed.errors import CommandError
 from megatron_seed.methods import METHODS, get_method
 from megatron_seed.pipeline.stage2 import Stage2Job, check_job
@@ -21,30 +20,17 @@ from megatron_seed.skills.library import (
     expert_plan_skills,
     fixed_source,
     game_skills,
+    load_library,
     per_game_library,
     plan_text,
 )
+from megatron_seed.testbed.synthetic import annotated_record
 
 TABLE_1 = [
     "vanilla", "skill-prompt", "grpo", "skill-grpo", "opsd", "grpo-opsd", "skill-sd", "rlsd",
     "sdar", "seed",
 ]  # fmt: skip
 ABLATIONS = ["no-sft", "no-opd", "static-skills"]
-
-
-def _record(game: str, family: str, won: bool, skill: str | None, valid: bool = True):
-    turn = Turn(user="obs", action="<action>look</action>", action_ids=[5], logprobs=[-1.0])
-    return TrajectoryRecord(
-        task_id=game,
-        group_id=game,
-        game=game,
-        family=family,
-        turns=[turn],
-        reward=float(won),
-        won=won,
-        skill=skill,
-        analysis=Analysis(game, valid=valid),
-    )
 
 
 def test_every_table_row_and_ablation_has_a_name():
@@ -151,11 +137,13 @@ def test_family_library_folder_round_trip_and_coverage(tmp_path):
 
 def test_library_from_annotations_takes_a_success_and_a_failure_per_family():
     records = [
-        _record("g1", "pick", False, "Avoid opening the same drawer twice in a row."),
-        _record("g2", "pick", True, "Workflow: go to the shelf, take the mug, move it."),
-        _record("g3", "pick", True, "Workflow: a second success is not taken at all."),
-        _record("g4", "heat", True, "broken", valid=False),
-        _record("g5", "heat", False, "Avoid heating before you hold the object first."),
+        annotated_record("g1", False, "Avoid opening the same drawer twice in a row."),
+        annotated_record("g2", True, "Workflow: go to the shelf, take the mug, move it."),
+        annotated_record("g3", True, "Workflow: a second success is not taken at all."),
+        annotated_record("g4", True, "broken", valid=False, family="heat"),
+        annotated_record(
+            "g5", False, "Avoid heating before you hold the object first.", family="heat"
+        ),
     ]
     lib = SkillLibrary.from_annotations(records)
     assert lib.general == ""
@@ -170,9 +158,9 @@ def test_library_from_annotations_takes_a_success_and_a_failure_per_family():
 
 def test_per_game_library_and_expert_plans():
     records = [
-        _record("g1", "pick", False, "Avoid going back to the same drawer twice."),
-        _record("g1", "pick", True, "Workflow: go to drawer 2, take the mug, then move it."),
-        _record("g2", "pick", True, "broken", valid=False),
+        annotated_record("g1", False, "Avoid going back to the same drawer twice."),
+        annotated_record("g1", True, "Workflow: go to drawer 2, take the mug, then move it."),
+        annotated_record("g2", True, "broken", valid=False),
     ]
     assert per_game_library(records) == {
         "g1": "Workflow: go to drawer 2, take the mug, then move it."
@@ -203,7 +191,8 @@ def test_game_skills_resolves_each_source(tmp_path):
     games = ["g1", "g2"]
     SkillLibrary("", {"pick": "Take it, then put it down."}).save(tmp_path / "lib")
     write_jsonl(
-        [_record("g1", "pick", True, "Workflow: take the mug, then move it.")], tmp_path / "a.jsonl"
+        [annotated_record("g1", True, "Workflow: take the mug, then move it.")],
+        tmp_path / "a.jsonl",
     )
 
     def cfg(method):
@@ -215,6 +204,14 @@ def test_game_skills_resolves_each_source(tmp_path):
         "g2": "Take it, then put it down.",
     }
     assert game_skills(cfg("skill-grpo"), _Env, games, tmp_path / "lib")["g2"]
+    # a family library built from annotations (what `seed annotate` writes)
+    assert game_skills(cfg("sdar"), _Env, games, tmp_path / "a.jsonl") == {
+        "g1": "Workflow: take the mug, then move it.",
+        "g2": "Workflow: take the mug, then move it.",
+    }
+    (tmp_path / "bad.jsonl").write_text('{"not": "a record"}\n')
+    with pytest.raises(LibraryError, match="not Stage-1 annotations"):
+        load_library(tmp_path / "bad.jsonl")
     assert game_skills(cfg("opsd-paper"), _Env, games, None)["g2"] == plan_text(["solve g2"])
     assert game_skills(cfg("static-skills"), _Env, games, tmp_path / "a.jsonl") == {
         "g1": "Workflow: take the mug, then move it."
