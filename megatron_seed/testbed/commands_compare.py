@@ -110,6 +110,39 @@ def phase_seconds(metrics_path: Path) -> dict[str, float]:
     return {phase: statistics.median(r.get(f"time/{phase}", 0.0) for r in rows) for phase in PHASES}
 
 
+SKILL_KEYS = (
+    ("analyze/valid_rate", "valid %"),
+    ("analyze/degenerate_rate", "degenerate %"),
+)
+
+
+def skill_rows(metrics_path: Path) -> list[dict[str, float]]:
+    """Per update, the analyzer's skill metrics of one run ([] when it ran no analyzer)."""
+    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    if not rows or "analyze/degenerate_rate" not in rows[0]:  # fixed skills: no analyzer
+        return []
+    return [{key: r.get(key, 0.0) for key, _ in SKILL_KEYS} for r in rows]
+
+
+def skill_table(runs: dict[str, list[list[dict[str, float]]]]) -> str:
+    """Per update, each method's valid and degenerate skill rates (mean over seeds, %): the
+    policy's own analyzer eroding, or kept by analyzer replay."""
+    runs = {m: r for m, r in runs.items() if r and all(r)}
+    if not runs:
+        return ""
+    updates = min(len(rows) for seeds in runs.values() for rows in seeds)
+    head = "| method | skill metric | " + " | ".join(str(u + 1) for u in range(updates)) + " |"
+    lines = [head, "| --- | --- |" + " ---: |" * updates]
+    for method, seeds in runs.items():
+        for key, name in SKILL_KEYS:
+            cells = [
+                f"{100 * statistics.fmean(rows[u][key] for rows in seeds):.0f}"
+                for u in range(updates)
+            ]
+            lines.append(f"| {method} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
     """Per-phase seconds per update (mean over seeds of each run's median) and the ratio of
     each method's update time to GRPO's (to the last method's when GRPO did not run)."""
@@ -138,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     )
     results: dict[str, list[dict]] = {}
     seconds: dict[str, list[dict[str, float]]] = {}
+    skills: dict[str, list[list[dict[str, float]]]] = {}
     baseline: list[dict] = []
     for seed in args.seeds:
         for method in args.methods:
@@ -159,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
             metrics = out / f"{method}-seed{seed}" / "stage2" / "metrics.jsonl"
             if metrics.is_file():
                 seconds.setdefault(METHODS[method].label, []).append(phase_seconds(metrics))
+                skills.setdefault(METHODS[method].label, []).append(skill_rows(metrics))
             if method == args.methods[0]:
                 baseline.append(evals["Base (Vanilla)"])
     results = {"Base (Vanilla)": baseline, **results}
@@ -176,8 +211,11 @@ def run(args: argparse.Namespace) -> int:
     if seconds:
         lines += ["## seconds per Stage-2 update (median over updates 2..)", ""]
         lines += [time_table(seconds), ""]
+    if table := skill_table(skills):
+        lines += ["## the policy's own skills per Stage-2 update (mean over seeds)", ""]
+        lines += [table, ""]
     (out / "compare.md").write_text("\n".join(lines))
-    summary = {"results": results, "seconds": seconds}
+    summary = {"results": results, "seconds": seconds, "skills": skills}
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n".join(lines))
     return 0

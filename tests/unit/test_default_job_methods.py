@@ -75,3 +75,27 @@ def test_each_environment_brings_its_sizes_and_limits():
     assert set(PROFILES) == {"alfworld", "search", "sokoban"}
     with pytest.raises(ValueError, match="no job for environment 'chess'"):
         profile("chess")
+
+
+def test_skill_table_averages_each_update_over_seeds(tmp_path):
+    import json
+
+    from megatron_seed.testbed.commands_compare import skill_rows, skill_table
+
+    def run(name, valid, degenerate=None):
+        path = tmp_path / f"{name}.jsonl"
+        rows = [
+            {"step": i + 1, "analyze/valid_rate": v}
+            | ({} if degenerate is None else {"analyze/degenerate_rate": degenerate[i]})
+            for i, v in enumerate(valid)
+        ]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return skill_rows(path)
+
+    assert run("library", [1.0, 1.0]) == []  # a fixed library: no analyzer to erode
+    seeds = [run("a", [0.5, 0.25, 0.1], [0.0, 0.5, 0.0]), run("b", [0.25, 0.75], [0.0, 0.0])]
+    table = skill_table({"SEED": seeds, "GRPO": []})
+    assert table.splitlines()[0] == "| method | skill metric | 1 | 2 |"  # the shortest run
+    assert "| SEED | valid % | 38 | 50 |" in table
+    assert "| SEED | degenerate % | 0 | 25 |" in table
+    assert "GRPO" not in table
