@@ -338,8 +338,11 @@ def train(run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
         cfg.algo.adv_eps,
         pad_to_multiple_of=run.trainer.seq_multiple,
     )
-    replay = replay_batch(run) if cfg.algo.replay_weight else None
-    metrics = {f"train/{k}": v for k, v in run.trainer.train_step(pb, replay).items()}
+    if cfg.algo.replay_weight:
+        step = run.trainer.train_step(pb, replay_batch(run))
+    else:
+        step = run.trainer.train_step(pb)
+    metrics = {f"train/{k}": v for k, v in step.items()}
     run.trainer.state.data_position += cfg.rollout.tasks_per_update
     return metrics
 
