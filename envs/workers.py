@@ -43,6 +43,11 @@ class EnvWorker:
         self._free: list[Any] = []
         self._episodes: dict[int, Any] = {}
         self._first: dict[int, _Reply] = {}
+        self.busy_s = 0.0  # seconds spent loading games and stepping (the pool's accounting)
+
+    def busy_seconds(self) -> float:
+        """Seconds this worker has spent in resets and steps since it started."""
+        return self.busy_s
 
     def _new_env(self) -> Any:
         return self._free.pop() if self._free else self._make_env(self._max_steps)
@@ -59,13 +64,15 @@ class EnvWorker:
 
     def prefetch(self, episode_id: int, game: str) -> None:
         """Load and reset ``game`` now so that ``reset(episode_id)`` returns at once."""
-        env = self._new_env()
+        env, start = self._new_env(), time.perf_counter()
         try:
             observation, info = env.reset(game)
         except Exception as err:
             self._free.append(env)
             self._first[episode_id] = ("error", f"{type(err).__name__}: {err}")
             return
+        finally:
+            self.busy_s += time.perf_counter() - start
         self._episodes[episode_id] = env
         self._first[episode_id] = ("ok", observation, 0.0, False, info)
 
@@ -77,6 +84,13 @@ class EnvWorker:
 
     def step_many(self, actions: dict[int, str]) -> dict[int, _Reply]:
         """One action for each of several episodes."""
+        start = time.perf_counter()
+        try:
+            return self._step_many(actions)
+        finally:
+            self.busy_s += time.perf_counter() - start
+
+    def _step_many(self, actions: dict[int, str]) -> dict[int, _Reply]:
         out: dict[int, _Reply] = {}
         for episode_id, action in actions.items():
             env = self._episodes.get(episode_id)
@@ -101,7 +115,7 @@ class EnvWorker:
         for action in actions:
             if reply[0] != "ok":
                 break
-            reply = self.step_many({episode_id: action})[episode_id]
+            reply = self._step_many({episode_id: action})[episode_id]
         return reply
 
     def release(self, episode_id: int) -> None:
@@ -118,6 +132,17 @@ class EnvWorker:
     def hang(self, seconds: float) -> None:
         """Test hook: stop answering for a while."""
         time.sleep(seconds)
+
+
+@dataclass
+class PendingStep:
+    """A step sent to one worker (`EnvPool.submit_step`): its episodes' actions and the
+    reply's object ref."""
+
+    worker: int
+    batch: dict[int, str]
+    ref: Any
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -231,6 +256,21 @@ class EnvPool:
 
     def step(self, actions: dict[int, str]) -> dict[int, StepResult]:
         """One action per listed live episode; one result per listed episode."""
+        out, pending = self.submit_step(actions)
+        ready, _ = self._ray.wait(
+            [p.ref for p in pending], num_returns=len(pending), timeout=self.step_timeout_s
+        )
+        ready_set = set(ready)
+        for p in pending:
+            out.update(self.collect_step(p, answered=p.ref in ready_set))
+        return out
+
+    def submit_step(
+        self, actions: dict[int, str]
+    ) -> tuple[dict[int, StepResult], list[PendingStep]]:
+        """Send one action per listed episode without waiting: (the results known at once,
+        for episodes that are not live; one `PendingStep` per worker called). Pass each
+        pending step to `collect_step` once its `ref` is ready (or it timed out)."""
         out: dict[int, StepResult] = {}
         by_worker: dict[int, dict[int, str]] = {}
         for episode_id, action in actions.items():
@@ -247,22 +287,38 @@ class EnvPool:
                 )
                 continue
             by_worker.setdefault(episode.worker, {})[episode_id] = action
-        refs = {w: self._workers[w].step_many.remote(batch) for w, batch in by_worker.items()}
-        ready, _ = self._ray.wait(
-            list(refs.values()), num_returns=len(refs), timeout=self.step_timeout_s
-        )
-        ready_set = set(ready)
-        for w, ref in refs.items():
-            batch = by_worker[w]
+        pending = [
+            PendingStep(w, batch, self._workers[w].step_many.remote(batch))
+            for w, batch in by_worker.items()
+        ]
+        return out, pending
+
+    def collect_step(self, pending: PendingStep, answered: bool = True) -> dict[int, StepResult]:
+        """The results of a submitted step; `answered=False` (no reply within the step
+        timeout) or a failed worker: the worker is replaced and its episodes replayed."""
+        try:
+            if not answered:
+                raise TimeoutError(
+                    f"worker {pending.worker} did not answer in {self.step_timeout_s}s"
+                )
+            replies = self._ray.get(pending.ref)
+        except Exception:  # RayActorError, TimeoutError, ...
+            replies = self._recover_step(pending.worker, pending.batch)
+        out: dict[int, StepResult] = {}
+        for episode_id, action in pending.batch.items():
+            self._episodes[episode_id].actions.append(action)
+            out[episode_id] = self._result(episode_id, replies[episode_id])
+        return out
+
+    def busy_seconds(self) -> list[float | None]:
+        """Seconds each worker has spent in resets and steps (a replaced worker counts from
+        its start; None: no answer)."""
+        out: list[float | None] = []
+        for ref in [w.busy_seconds.remote() for w in self._workers]:
             try:
-                if ref not in ready_set:
-                    raise TimeoutError(f"worker {w} did not answer in {self.step_timeout_s}s")
-                replies = self._ray.get(ref)
-            except Exception:  # RayActorError, TimeoutError, ...
-                replies = self._recover_step(w, batch)
-            for episode_id, action in batch.items():
-                self._episodes[episode_id].actions.append(action)
-                out[episode_id] = self._result(episode_id, replies[episode_id])
+                out.append(float(self._ray.get(ref, timeout=30)))
+            except Exception:
+                out.append(None)
         return out
 
     # ---- failure handling ----------------------------------------------------------------

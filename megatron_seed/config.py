@@ -204,6 +204,9 @@ class RolloutConfig(_Checked):
     # "paper": the paper's actor prompt (Figure 11); "compact": task + observation only
     # (the environment's renderers; the tiny CPU policy's)
     prompt_style: Literal["paper", "compact"] = "paper"
+    # episodes advance independently and each finished episode is analysed while the
+    # others play (`rollout.overlap`); off: the turn-synchronous loop, then the analysis
+    overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,10 @@ class SkillConfig(_Checked):
     # the library's skill also in the rollout prompts (Skill-GRPO: exploration and every
     # log-prob of training are conditioned on it)
     rollout_skill: bool = False
+    # which trajectories the analyzer sees (`rollout.analyzer.selected`): "all" (the
+    # paper), "mixed_groups" (groups with both wins and losses), "uncertain" (per group,
+    # the half with the lowest mean sampled-token log-prob); the others get no teacher
+    select: Literal["all", "mixed_groups", "uncertain"] = "all"
 
 
 @dataclass(frozen=True)

@@ -278,12 +278,54 @@ def rollout(run: Run) -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
     if cfg.rollout.reseed_each_update:
         session.fleet.reseed(update_seed(cfg.seed, run.step))
     skills = run.job.skill_library if cfg.skill.rollout_skill else None
-    records, stats = session.play(
-        session.tasks(games, skills), cfg.rollout.group_size, session.sampling(), update=run.step
-    )
-    metrics = rollout_metrics(records)
+    tasks = session.tasks(games, skills)
+    metrics: dict[str, float] = {}
+    if cfg.rollout.overlap:
+        records, stats, results, timing = session.play_overlapped(
+            tasks, cfg.rollout.group_size, session.sampling(), run.step, _analysis_plan(run)
+        )
+        metrics.update(timing.metrics())
+        if _analyzes(cfg):
+            metrics.update(_overlapped_analysis(records, results))
+    else:
+        records, stats = session.play(
+            tasks, cfg.rollout.group_size, session.sampling(), update=run.step
+        )
+    metrics.update(rollout_metrics(records))
     metrics.update({f"rollout/{k}": float(v) for k, v in dataclasses.asdict(stats).items()})
     return records, metrics
+
+
+def _analyzes(cfg: SeedConfig) -> bool:
+    """Whether the policy's own analyzer makes this update's teacher skills."""
+    return cfg.algo.use_opd and cfg.skill.teacher_source == "analyzer"
+
+
+def _analysis_plan(run: Run) -> Any:
+    """What `rollout.overlap` needs to analyse episodes as they end (None: no analyzer)."""
+    from megatron_seed.rollout.analyzer import selected
+    from megatron_seed.rollout.overlap import AnalysisPlan
+
+    cfg = run.cfg
+    if not _analyzes(cfg):
+        return None
+    return AnalysisPlan(
+        run.tokenizer,
+        cfg.skill,
+        run.side.session.analyzer_prompt_limit(),
+        None if cfg.skill.select == "all" else lambda group: selected(group, cfg.skill.select),
+    )
+
+
+def _overlapped_analysis(records: list[TrajectoryRecord], results: list[Any]) -> dict[str, float]:
+    """Fold the analyses the overlapped rollout made into their records; their metrics."""
+    from megatron_seed.rollout.analyzer import apply_analysis
+
+    chosen = [records[r.index] for r in results]
+    metrics = apply_analysis(chosen, results)
+    trainable = sum(r.status.trainable and bool(r.turns) for r in records)
+    metrics["analyze/selected_share"] = len(chosen) / max(1, trainable)
+    return metrics
 
 
 def update_seed(seed: int, step: int) -> int:
@@ -396,12 +438,14 @@ def update(run: Run) -> dict[str, Any]:
     if run.need_sync:  # fresh engines start from model_dir; a resumed or shared fleet not
         with timer.time("sync"):
             metrics.update(sync(run))
+    busy = _busy(run)
     with timer.time("rollout"):
         records, m = rollout(run)
         metrics.update(m)
-    if cfg.algo.use_opd:
+    if cfg.algo.use_opd and not (cfg.rollout.overlap and _analyzes(cfg)):
         with timer.time("analyze"):
             metrics.update(analyze(run, records))
+    metrics.update(_accounting(busy, _busy(run), timer))
     if records is not None:
         path = Path(run.job.out_dir) / "trajectories" / f"update_{run.step:05d}.jsonl"
         write_jsonl(records, path)
@@ -416,6 +460,31 @@ def update(run: Run) -> dict[str, Any]:
             checkpoint(run)
     metrics.update(timer.metrics())
     return metrics
+
+
+def _busy(run: Run) -> dict[str, list[float | None]] | None:
+    """Busy seconds of every engine and env worker so far (rank 0; None elsewhere, or when
+    the fleet or pool keeps no count)."""
+    session = run.side.session
+    if session is None or not hasattr(session.pool, "busy_seconds"):
+        return None
+    return session.busy_seconds()
+
+
+def _accounting(before: Any, after: Any, timer: Any) -> dict[str, float]:
+    """Busy and idle seconds of each engine and env worker over this update's rollout and
+    analysis (a worker replaced meanwhile has no count: left out)."""
+    if before is None or after is None:
+        return {}
+    window = sum(timer.seconds.get(p, 0.0) for p in ("rollout", "analyze"))
+    out: dict[str, float] = {}
+    for kind in ("engine", "env"):
+        for i, (b, a) in enumerate(zip(before[kind], after[kind], strict=False)):
+            if b is None or a is None or a < b:
+                continue
+            out[f"busy/{kind}{i}_s"] = a - b
+            out[f"idle/{kind}{i}_s"] = max(0.0, window - (a - b))
+    return out
 
 
 def run_stage2(job: Stage2Job, fleet: Any = None, pool: Any = None) -> list[dict[str, Any]]:

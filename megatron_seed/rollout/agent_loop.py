@@ -15,6 +15,7 @@ for that episode (status `env_error` / `engine_error`; the other episodes go on)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,9 @@ class RolloutStats:
     generated_tokens: int = 0
     prompt_tokens: int = 0
     invalid_actions: int = 0
+    # the turn-synchronous loop's driver waiting on the engines / on the env workers
+    engine_wait_s: float = 0.0
+    env_wait_s: float = 0.0
 
 
 def _env_status(result: Any) -> Status | None:
@@ -159,6 +163,14 @@ class AgentLoop:
         self, tasks: list[Task], group_size: int, spec: Any, update: int = 0
     ) -> tuple[list[TrajectoryRecord], RolloutStats]:
         """Play `group_size` episodes of every task; return one record per episode."""
+        episodes = self._start(tasks, group_size, update)
+        stats = RolloutStats(episodes=len(episodes))
+        while live := [ep for ep in episodes if not ep.done]:
+            self._turn(live, spec, stats)
+        return [self._record(ep) for ep in episodes], stats
+
+    def _start(self, tasks: list[Task], group_size: int, update: int) -> list[_Live]:
+        """Reset one environment episode per (task, sample), in task order."""
         games = [t.game for t in tasks for _ in range(group_size)]
         results = self.pool.reset(games)
         episodes: list[_Live] = []
@@ -171,10 +183,7 @@ class AgentLoop:
             if _env_status(res) is Status.ENV_ERROR:
                 ep.done, ep.status, ep.error = True, Status.ENV_ERROR, res.error
             episodes.append(ep)
-        stats = RolloutStats(episodes=len(episodes))
-        while live := [ep for ep in episodes if not ep.done]:
-            self._turn(live, spec, stats)
-        return [self._record(ep) for ep in episodes], stats
+        return episodes
 
     def _generate(self, asking: list[_Live], prompts: list[list[int]], spec: Any) -> list[Any]:
         if not getattr(self.engine, "accepts_views", False):
@@ -189,66 +198,92 @@ class AgentLoop:
         """One generation batch and one env step for every live episode."""
         prompts, asking = [], []
         for ep in live:
-            ids = self._prompt_ids(ep)
-            if len(ids) + 1 > self.cfg.max_prompt_tokens:
-                ep.done, ep.status = True, Status.TRUNCATED
-                continue
-            prompts.append(ids)
-            asking.append(ep)
+            ids = self._ask(ep)
+            if ids is not None:
+                prompts.append(ids)
+                asking.append(ep)
         if not asking:
             return
+        t0 = time.perf_counter()
         try:
             generations = self._generate(asking, prompts, spec)
         except Exception as err:  # the engine gave up (after its own restarts)
             for ep in asking:
                 ep.done, ep.status, ep.error = True, Status.ENGINE_ERROR, str(err)
             return
+        finally:
+            stats.engine_wait_s += time.perf_counter() - t0
         actions: dict[int, str] = {}
         for ep, ids, gen in zip(asking, prompts, generations, strict=True):
-            stats.prompt_tokens += len(ids)
-            stats.generated_tokens += len(gen.token_ids)
-            if not gen.token_ids:
-                ep.done, ep.status, ep.error = True, Status.ENGINE_ERROR, "empty generation"
-                continue
-            action, valid = self.env.parse_action(gen.text)
-            ep.invalid += 0 if valid else 1
-            stats.invalid_actions += 0 if valid else 1
-            executed = action if action is not None else gen.text
-            shown = self.prompts.lists_admissible(len(ep.turns), self.cfg.history_mode)
-            ep.turns.append(
-                Turn(
-                    ep.pending_user,
-                    gen.text,
-                    list(gen.token_ids),
-                    list(gen.logprobs),
-                    observation=ep.observation,
-                    admissible=ep.admissible if shown else None,
-                    executed=executed,
-                    valid=valid,
-                )
-            )
-            assert ep.chat is not None
-            ep.chat.append_action(list(gen.token_ids), list(gen.logprobs))
-            ep.history.append((ep.observation, action or gen.text.strip()))
-            if gen.finish_reason == "length":
-                ep.cut_responses += 1  # an unfinished response is just an invalid action
-            actions[ep.env_id] = executed
+            action = self._act(ep, ids, gen, stats)
+            if action is not None:
+                actions[ep.env_id] = action
         stats.turns += len(actions)
         by_id = {ep.env_id: ep for ep in asking}
-        for env_id, res in self.pool.step(actions).items():
-            ep = by_id[env_id]
-            ep.observation = res.observation
-            ep.admissible = _admissible(res.info, ep.admissible)
-            ep.reward += float(res.reward)
-            ep.won = ep.won or res.won
-            if res.done:
-                ep.done = True
-                ep.status = Status.OK if res.won else (_env_status(res) or Status.OK)
-                ep.error = res.error
-                if ep.status is Status.ENV_ERROR:
-                    continue
-            if not ep.done and len(ep.turns) >= self.cfg.max_steps:
-                ep.done, ep.status = True, Status.MAX_STEPS
+        t0 = time.perf_counter()
+        results = self.pool.step(actions)
+        stats.env_wait_s += time.perf_counter() - t0
+        for env_id, res in results.items():
+            self._observe(by_id[env_id], res)
+
+    # ------------------------------------------------------------ one episode's steps
+    # (the turn-synchronous loop above and `rollout.overlap`'s event loop share them)
+
+    def _ask(self, ep: _Live) -> list[int] | None:
+        """The prompt ids of the episode's next action, or None (the episode ends,
+        `truncated`) when the prompt leaves no room for a reply."""
+        ids = self._prompt_ids(ep)
+        if len(ids) + 1 > self.cfg.max_prompt_tokens:
+            ep.done, ep.status = True, Status.TRUNCATED
+            return None
+        return ids
+
+    def _act(self, ep: _Live, ids: list[int], gen: Any, stats: RolloutStats) -> str | None:
+        """Store the sampled reply as the episode's next turn; return the action to execute
+        (None: an empty generation ended the episode)."""
+        stats.prompt_tokens += len(ids)
+        stats.generated_tokens += len(gen.token_ids)
+        if not gen.token_ids:
+            ep.done, ep.status, ep.error = True, Status.ENGINE_ERROR, "empty generation"
+            return None
+        action, valid = self.env.parse_action(gen.text)
+        ep.invalid += 0 if valid else 1
+        stats.invalid_actions += 0 if valid else 1
+        executed = action if action is not None else gen.text
+        shown = self.prompts.lists_admissible(len(ep.turns), self.cfg.history_mode)
+        ep.turns.append(
+            Turn(
+                ep.pending_user,
+                gen.text,
+                list(gen.token_ids),
+                list(gen.logprobs),
+                observation=ep.observation,
+                admissible=ep.admissible if shown else None,
+                executed=executed,
+                valid=valid,
+            )
+        )
+        assert ep.chat is not None
+        ep.chat.append_action(list(gen.token_ids), list(gen.logprobs))
+        ep.history.append((ep.observation, action or gen.text.strip()))
+        if gen.finish_reason == "length":
+            ep.cut_responses += 1  # an unfinished response is just an invalid action
+        return executed
+
+    def _observe(self, ep: _Live, res: Any) -> None:
+        """Take the environment's answer to the episode's last action."""
+        ep.observation = res.observation
+        ep.admissible = _admissible(res.info, ep.admissible)
+        ep.reward += float(res.reward)
+        ep.won = ep.won or res.won
+        if res.done:
+            ep.done = True
+            ep.status = Status.OK if res.won else (_env_status(res) or Status.OK)
+            ep.error = res.error
+            if ep.status is Status.ENV_ERROR:
+                return
+        if not ep.done and len(ep.turns) >= self.cfg.max_steps:
+            ep.done, ep.status = True, Status.MAX_STEPS
 
     def _record(self, ep: _Live) -> TrajectoryRecord:
         status = ep.status

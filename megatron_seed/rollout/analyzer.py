@@ -49,6 +49,55 @@ def request_ids(tokenizer: Any, request: Any) -> list[int]:
     return ids
 
 
+def selected(records: list[TrajectoryRecord], rule: str = "all") -> list[bool]:
+    """Which of `records` to analyse (`skill.select`; the others train without a teacher):
+
+    all: every trainable record (the paper);
+    mixed_groups: the records of groups (same `group_id`) whose outcomes differ (some won,
+        some did not), where a hindsight contrast exists;
+    uncertain: per group, the half (rounded up) with the lowest mean sampled-token log-prob.
+    Records without turns or of an untrainable status are never selected.
+    """
+    ok = [r.status.trainable and bool(r.turns) for r in records]
+    if rule == "all":
+        return ok
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        groups.setdefault(r.group_id, []).append(i)
+    chosen = [False] * len(records)
+    for members in groups.values():
+        if rule == "mixed_groups":
+            wins = {records[i].won for i in members if ok[i]}
+            for i in members:
+                chosen[i] = ok[i] and len(wins) == 2
+        elif rule == "uncertain":
+            live = [i for i in members if ok[i]]
+            live.sort(key=lambda i: _mean_logprob(records[i]))
+            for i in live[: (len(live) + 1) // 2]:
+                chosen[i] = True
+        else:
+            raise ValueError(f"unknown analysis selection rule {rule!r}")
+    return chosen
+
+
+def _mean_logprob(record: TrajectoryRecord) -> float:
+    values = [x for t in record.turns for x in t.logprobs]
+    return sum(values) / max(1, len(values))
+
+
+def apply_analysis(records: list[TrajectoryRecord], results: list[Any]) -> dict[str, float]:
+    """Set `skill` and `analysis` of the analysed `records` from their `results` (same
+    order); return the analysis metrics (validity rate, retries, skill length, tokens)."""
+    from megatron_seed.skills.parse import analysis_metrics, apply_results
+
+    for record, done in zip(records, apply_results(records, results), strict=True):
+        record.skill, record.analysis = done.skill, done.analysis
+    metrics = analysis_metrics(results)
+    metrics["analyze/prompt_tokens"] = float(sum(r.prompt_tokens for r in results))
+    metrics["analyze/completion_tokens"] = float(sum(r.completion_tokens for r in results))
+    return metrics
+
+
 def analyze_records(
     fleet: Any,
     tokenizer: Any,
@@ -56,17 +105,14 @@ def analyze_records(
     cfg: SkillConfig,
     max_prompt_tokens: int | None = None,
 ) -> dict[str, float]:
-    """Fill `skill` and `analysis` of `records` in place; return the analysis metrics
-    (validity rate, retries, skill length, tokens)."""
+    """Fill `skill` and `analysis` of the `cfg.select`ed records in place (all trainable
+    ones by default); return the analysis metrics (validity rate, retries, skill length,
+    tokens, the share selected)."""
     from megatron_seed.rollout.engine import SamplingSpec
-    from megatron_seed.skills.parse import (
-        Generation,
-        analysis_metrics,
-        analyze_with_retries,
-        apply_results,
-    )
+    from megatron_seed.skills.parse import Generation, analyze_with_retries
 
     trainable = [r for r in records if r.status.trainable and r.turns]
+    chosen = [r for r, c in zip(records, selected(records, cfg.select), strict=True) if c]
     spec = SamplingSpec(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
 
     def generate(requests: list) -> list:
@@ -90,10 +136,7 @@ def analyze_records(
                 )
         return outs
 
-    results = analyze_with_retries(generate, trainable, cfg)
-    for record, done in zip(trainable, apply_results(trainable, results), strict=True):
-        record.skill, record.analysis = done.skill, done.analysis
-    metrics = analysis_metrics(results)
-    metrics["analyze/prompt_tokens"] = float(sum(r.prompt_tokens for r in results))
-    metrics["analyze/completion_tokens"] = float(sum(r.completion_tokens for r in results))
+    results = analyze_with_retries(generate, chosen, cfg)
+    metrics = apply_analysis(chosen, results)
+    metrics["analyze/selected_share"] = len(chosen) / max(1, len(trainable))
     return metrics

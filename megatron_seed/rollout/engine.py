@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -144,6 +145,8 @@ class VLLMEngine:
         self._paused = False
         self._asleep: set[str] = set()  # of "weights", "kv_cache"
         self._updating = False
+        self._in_flight: dict[str, Any] = {}  # vLLM request id -> the caller's key (advance)
+        self.busy_s = 0.0  # seconds spent generating (the fleet's accounting)
         for name in _RELOAD_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
 
@@ -173,33 +176,78 @@ class VLLMEngine:
         at temperature > 0 killed the engine: "CPU Generator does not use offset"): on CPU
         `spec.seed` is not sent and the draws follow the engine's own seed.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self._check_ready()
+        if self._in_flight:
+            raise RuntimeError("generate() while advance() requests are in flight")
         if not prompts:
             return []
         offsets = list(range(len(prompts))) if seed_offsets is None else seed_offsets
         if len(offsets) != len(prompts):
             raise ValueError(f"{len(offsets)} seed offsets for {len(prompts)} prompts")
-        seeded = spec.seed is not None and (spec.temperature == 0 or not vllm_on_cpu())
-        params = [
-            SamplingParams(
-                temperature=spec.temperature,
-                top_p=spec.top_p,
-                max_tokens=spec.max_tokens,
-                seed=spec.seed + off if seeded else None,  # type: ignore[operator]
-                logprobs=0,  # only the sampled token's log-prob
-                stop_token_ids=[self.eos_token_id],
-                # decoded below in one piece: vLLM's incremental detokenizer drops a
-                # trailing partial UTF-8 byte, which would break text == decode(token_ids)
-                detokenize=False,
-            )
-            for off in offsets
-        ]
+        params = [self._sampling_params(spec, off) for off in offsets]
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        start = time.perf_counter()
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        self.busy_s += time.perf_counter() - start
         return [self._to_generation(o.outputs[0]) for o in outputs]
+
+    def _sampling_params(self, spec: SamplingSpec, offset: int) -> Any:
+        from vllm import SamplingParams
+
+        seeded = spec.seed is not None and (spec.temperature == 0 or not vllm_on_cpu())
+        return SamplingParams(
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            max_tokens=spec.max_tokens,
+            seed=spec.seed + offset if seeded else None,  # type: ignore[operator]
+            logprobs=0,  # only the sampled token's log-prob
+            stop_token_ids=[self.eos_token_id],
+            # decoded below in one piece: vLLM's incremental detokenizer drops a
+            # trailing partial UTF-8 byte, which would break text == decode(token_ids)
+            detokenize=False,
+        )
+
+    def advance(
+        self, requests: list[tuple[Any, list[int], SamplingSpec, int]]
+    ) -> list[tuple[Any, Generation]]:
+        """Continuous batching under the caller's control: add `requests` (key, prompt ids,
+        spec, seed offset) to the running batch, then run scheduler steps until at least one
+        request has finished; return the finished (key, Generation) pairs.
+
+        Requests added between two calls join the batch in flight (vLLM's scheduler admits
+        them at its next step), so a driver can keep the engine busy with whatever work is
+        ready: the next turn of an episode whose environment just answered, the analysis of
+        an episode that just ended. `generate` is refused while requests are in flight
+        (its run-to-completion loop would swallow their outputs).
+        """
+        from vllm.inputs import TokensPrompt
+
+        self._check_ready()
+        if requests:
+            params = [self._sampling_params(spec, off) for _, _, spec, off in requests]
+            inputs = [TokensPrompt(prompt_token_ids=list(ids)) for _, ids, _, _ in requests]
+            internal = self.llm.enqueue(inputs, params, use_tqdm=False)
+            for (key, *_), rid in zip(requests, internal, strict=True):
+                # outputs carry the external id: the internal one less its random suffix
+                self._in_flight[rid.split("-", 1)[0]] = key
+        finished: list[tuple[Any, Generation]] = []
+        start = time.perf_counter()
+        engine = self.llm.llm_engine
+        while self._in_flight and not finished:
+            for out in engine.step():
+                if out.finished and out.request_id in self._in_flight:
+                    key = self._in_flight.pop(out.request_id)
+                    finished.append((key, self._to_generation(out.outputs[0])))
+            if self._in_flight and not engine.has_unfinished_requests():
+                raise RuntimeError(f"{len(self._in_flight)} requests vanished from the engine")
+        self.busy_s += time.perf_counter() - start
+        return finished
+
+    def in_flight(self) -> int:
+        """Requests added by `advance` and not yet returned."""
+        return len(self._in_flight)
 
     def _to_generation(self, out: Any) -> Generation:
         ids = list(out.token_ids)
@@ -222,6 +270,8 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         self._check_ready()
+        if self._in_flight:
+            raise RuntimeError("prompt_logprobs() while advance() requests are in flight")
         if not sequences:
             return []
         for s in sequences:

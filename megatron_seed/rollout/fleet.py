@@ -126,6 +126,12 @@ class _EngineActor:
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         return self.engine.prompt_logprobs(sequences)
 
+    def advance(self, requests: list[tuple[Any, list[int], SamplingSpec, int]]) -> list[Any]:
+        return self.engine.advance(requests)
+
+    def busy_seconds(self) -> float:
+        return self.engine.busy_s
+
     def load_bucket(self, bucket: FlatBucket | str) -> int:
         """Load one replayed bucket (a flat bucket, or a safetensors file of one)."""
         if isinstance(bucket, str):
@@ -827,6 +833,33 @@ class Fleet:
         ]
         results = self._run(works)
         return [results[e] for e in range(self.num_engines)]
+
+    # ------------------------------------------------------------------ streaming
+
+    def advance(self, engine: int, requests: list[tuple[Any, list[int], SamplingSpec, int]]) -> Any:
+        """Engine `engine` adds `requests` (key, prompt ids, spec, seed offset) to its running
+        batch and steps until one of its requests finishes: the object ref of the finished
+        (key, Generation) pairs (`VLLMEngine.advance`; `rollout.overlap.FleetStream` drives
+        it). No recovery here: a caller that sees the engine die calls `restart`."""
+        return self._engines[engine].advance.remote(requests)
+
+    def restart(self, engine: int, reason: str) -> None:
+        """Replace a dead or hung engine (the last synced weights replayed into it): its
+        in-flight requests are lost, the caller resubmits them. `FleetError` when it may
+        not be restarted (restarts used up, not the owner, its node is gone)."""
+        self._restart(engine, reason)
+
+    def busy_seconds(self) -> list[float | None]:
+        """Seconds each engine has spent generating since it started (None: no answer)."""
+        import ray
+
+        out: list[float | None] = []
+        for ref in [e.busy_seconds.remote() for e in self._engines]:
+            try:
+                out.append(float(ray.get(ref, timeout=30)))
+            except Exception:
+                out.append(None)
+        return out
 
     def _gather(self, works: list[_Work], n: int) -> list[Any]:
         results = self._run(works)

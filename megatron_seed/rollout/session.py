@@ -228,6 +228,25 @@ class RolloutSession:
         """`group_size` episodes of every task."""
         return self.loop.run(tasks, group_size, spec, update=update)
 
+    def play_overlapped(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        spec: Any,
+        update: int = 0,
+        analysis: Any = None,
+    ) -> tuple[list[TrajectoryRecord], RolloutStats, list[Any], Any]:
+        """`group_size` episodes of every task, advancing independently, each selected
+        episode analysed as it ends (`rollout.overlap.play_overlapped`)."""
+        from megatron_seed.rollout.overlap import FleetStream, play_overlapped
+
+        stream = FleetStream(self.fleet)
+        return play_overlapped(self.loop, stream, tasks, group_size, spec, update, analysis)
+
+    def busy_seconds(self) -> dict[str, list[float | None]]:
+        """Seconds each engine has generated and each env worker has stepped, so far."""
+        return {"engine": self.fleet.busy_seconds(), "env": self.pool.busy_seconds()}
+
     def analyzer_prompt_limit(self) -> int:
         """The longest analyzer prompt the engines' context leaves room for."""
         return self.context - self.cfg.skill.max_tokens

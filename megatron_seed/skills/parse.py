@@ -359,7 +359,7 @@ def analyze_with_retries(
     requests = build_requests(records, layout, rules.min_words)
     results = [AnalysisResult(index=q.index, trajectory_id=q.trajectory_id) for q in requests]
     pending = requests
-    for attempt in range(cfg.max_retries + 1):
+    for _ in range(cfg.max_retries + 1):
         if not pending:
             break
         outs = list(generate_fn(pending))
@@ -367,44 +367,54 @@ def analyze_with_retries(
             raise RuntimeError(
                 f"generate_fn returned {len(outs)} replies for {len(pending)} requests"
             )
-        retry: list[AnalysisRequest] = []
-        for request, out in zip(pending, outs, strict=True):
-            gen = _as_generation(out)
-            res = results[request.index]
-            res.attempts += 1
-            res.retries = attempt
-            res.prompt_tokens += gen.prompt_tokens
-            res.completion_tokens += gen.completion_tokens
-            res.latency_s += gen.latency_s
-            res.raw = gen.text
-            if gen.error is not None:
-                res.error, res.transport_error = f"analyzer request failed: {gen.error}", True
-                res.history.append(res.error)
-                continue
-            prompt_text = "\n".join(m["content"] for m in request.messages)
-            parsed = parse_reply(gen.text, rules, prompt_text)
-            res.method = parsed.method
-            res.summary = parsed.summary
-            if parsed.valid:
-                res.skill, res.valid, res.error = parsed.skill, True, None
-                continue
-            res.error = parsed.error
-            res.history.append(str(parsed.error))
-            if attempt < cfg.max_retries:
-                retry.append(
-                    replace(
-                        request,
-                        messages=retry_messages(
-                            request.messages, gen.text, str(parsed.error), rules.min_words
-                        ),
-                        appended=retry_messages(
-                            request.appended, gen.text, str(parsed.error), rules.min_words
-                        ),
-                        attempt=attempt + 1,
-                    )
-                )
-        pending = retry
+        pending = [
+            retry
+            for request, out in zip(pending, outs, strict=True)
+            if (retry := absorb_reply(request, results[request.index], out, cfg, rules))
+        ]
     return results
+
+
+def absorb_reply(
+    request: AnalysisRequest,
+    res: AnalysisResult,
+    out: Generation | str,
+    cfg: SkillConfig,
+    rules: ValidationRules,
+) -> AnalysisRequest | None:
+    """Fold one reply to `request` into its result `res`; return the retry to ask next
+    (quoting the error), or None when the trajectory is done (valid skill, transport error,
+    or no retries left). The step of `analyze_with_retries` and of analyses that run as
+    episodes end (`rollout.overlap`)."""
+    gen = _as_generation(out)
+    attempt = request.attempt
+    res.attempts += 1
+    res.retries = attempt
+    res.prompt_tokens += gen.prompt_tokens
+    res.completion_tokens += gen.completion_tokens
+    res.latency_s += gen.latency_s
+    res.raw = gen.text
+    if gen.error is not None:
+        res.error, res.transport_error = f"analyzer request failed: {gen.error}", True
+        res.history.append(res.error)
+        return None
+    prompt_text = "\n".join(m["content"] for m in request.messages)
+    parsed = parse_reply(gen.text, rules, prompt_text)
+    res.method = parsed.method
+    res.summary = parsed.summary
+    if parsed.valid:
+        res.skill, res.valid, res.error = parsed.skill, True, None
+        return None
+    res.error = parsed.error
+    res.history.append(str(parsed.error))
+    if attempt >= cfg.max_retries:
+        return None
+    return replace(
+        request,
+        messages=retry_messages(request.messages, gen.text, str(parsed.error), rules.min_words),
+        appended=retry_messages(request.appended, gen.text, str(parsed.error), rules.min_words),
+        attempt=attempt + 1,
+    )
 
 
 def apply_results(

@@ -15,6 +15,9 @@ output layer cost.
     gradient differences.
 `memory`: peak memory of a log-prob pass and a train step at a real vocabulary, 1k-8k tokens,
     chunked and whole output layer (`testbed.bench_memory`).
+`phases`: SEED vs GRPO updates on the quick job's world, turn-synchronous and overlapped
+    phases (`rollout.overlap`), interleaved rounds, per-phase medians and ratios
+    (`testbed.bench_phases`).
 Results go to a JSON file (default bench/WHAT.json) and are printed.
 """
 
@@ -29,11 +32,15 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("what", choices=["scoring", "attention", "memory"])
+    parser.add_argument("what", choices=["scoring", "attention", "memory", "phases"])
     parser.add_argument("--out", default=None, help="results file (default bench/WHAT.json)")
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--trajectories", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="phases: updates of each variant")
+    parser.add_argument(
+        "--work", default=None, help="phases: world and runs (default bench/phases)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="phases: the job's seed")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=None, help="default 4 (memory: 2)")
     parser.add_argument("--shape", default="qwen2.5-0.5b", help="memory: a recipes.SHAPES name")
@@ -272,8 +279,19 @@ def run(args: argparse.Namespace) -> int:
     from megatron_seed.testbed.synthetic import _WORDS
     from megatron_seed.testbed.tokenizer import build_tokenizer
 
-    work = Path(tempfile.mkdtemp(prefix="seed-bench-"))
     out = Path(args.out or f"bench/{args.what}.json")
+    if args.what == "phases":
+        from megatron_seed.testbed.bench_phases import print_summary, run_phases
+
+        if args.rounds < 1:
+            raise SystemExit("--rounds must be >= 1")
+        result = run_phases(Path(args.work or "bench/phases"), args.rounds, args.seed)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print_summary(result)
+        print(f"wrote {out}")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="seed-bench-"))
     if args.what != "memory":
         args.layers = args.layers or 4
     if args.what == "memory":

@@ -159,3 +159,30 @@ class FakeEngineActor:
         tags = list(tags or ["weights", "kv_cache"])
         self.asleep -= set(tags)
         self._log("wake:" + "+".join(tags))
+
+    def advance(self, requests: list[tuple[Any, list[int], Any, int]]) -> list[tuple[Any, Any]]:
+        """The streaming call (`VLLMEngine.advance`) with instant replies: every request is
+        answered in the order it came, one per call (the oldest first), with a generation
+        derived from its prompt (`fake_reply`). `fake_die_after` ({slot: n}): the first
+        incarnation of that slot exits during its n-th call (a crashed engine)."""
+        self.calls = getattr(self, "calls", 0) + 1
+        self.waiting = [*getattr(self, "waiting", []), *requests]
+        die = self.kwargs.get("fake_die_after", {}).get(str(self.slot))
+        if self.first and die is not None and self.calls >= int(die):
+            os._exit(1)
+        if not self.waiting:
+            return []
+        key, ids, _, _ = self.waiting.pop(0)
+        self._log(f"answer:{key}")
+        return [(key, fake_reply(ids))]
+
+    def busy_seconds(self) -> float:
+        return 0.0
+
+
+def fake_reply(ids: list[int]) -> Any:
+    """A deterministic generation for a prompt: 2 tokens from its length and sum."""
+    from megatron_seed.rollout.engine import Generation
+
+    tokens = [len(ids) % 251, sum(ids) % 251]
+    return Generation(tokens, [-1.0, -2.0], f"{tokens[0]} {tokens[1]}", "stop")

@@ -314,3 +314,60 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
         "sleep:1", "trainer:reclaim", "trainer:train", "wake:weights", "trainer:export",
         "start", "finish", "trainer:release", "wake:kv_cache",
     ], events  # fmt: skip
+
+
+def _stream_all(stream, requests):
+    """Submit (engine, key, ids) requests, drive the stream until idle: answers, failures."""
+    import ray
+
+    from megatron_seed.rollout.engine import SamplingSpec
+
+    for engine, key, ids in requests:
+        stream.submit(engine, key, ids, SamplingSpec(), 0)
+    answers, failed = {}, {}
+    while not stream.idle:
+        stream.pump()
+        ready, _ = ray.wait(stream.refs(), num_returns=1, timeout=30)
+        assert ready, "a call never returned"
+        done, lost = stream.collect(ready[0])
+        for key, gen in done:
+            assert key not in answers, f"{key} answered twice"
+            answers[key] = gen
+        failed.update(dict(lost))
+    return answers, failed
+
+
+def test_a_stream_resubmits_the_requests_of_an_engine_that_died(ray_gpus, model_dir, tmp_path):
+    """Engine 1 dies on its 2nd call: it is restarted with the last synced weights and
+    every request it held is answered once, by the new engine, from its own prompt."""
+    from megatron_seed.rollout.overlap import FleetStream
+    from megatron_seed.testbed.fake_engine import fake_reply
+
+    fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_die_after": {"1": 2}})
+    try:
+        fleet.update_weights(iter(_weights(3)), bucket_bytes=1 << 10)
+        requests = [(i % 2, ("act", i), list(range(i + 1))) for i in range(6)]
+        answers, failed = _stream_all(FleetStream(fleet), requests)
+        assert failed == {} and fleet.restarts == [0, 1]
+        assert answers == {key: fake_reply(ids) for _, key, ids in requests}
+        want = dict(_weights(3))
+        got = _engine_weights(ray_gpus, fleet)[1]
+        assert all(torch.equal(got[n], t) for n, t in want.items())  # replayed before work
+    finally:
+        fleet.close()
+
+
+def test_a_stream_fails_the_requests_of_an_engine_it_may_not_restart(ray_gpus, model_dir, tmp_path):
+    """max_restarts=0: the dead engine's requests come back as failures naming the cause;
+    the other engine's are answered."""
+    from megatron_seed.rollout.overlap import FleetStream
+
+    fleet = _fleet(model_dir, tmp_path, max_restarts=0, engine_kwargs={"fake_die_after": {"1": 1}})
+    try:
+        requests = [(i % 2, ("act", i), [i, i]) for i in range(4)]
+        answers, failed = _stream_all(FleetStream(fleet), requests)
+        assert sorted(answers) == [("act", 0), ("act", 2)]
+        assert sorted(failed) == [("act", 1), ("act", 3)]
+        assert all("max_restarts=0" in why for why in failed.values())
+    finally:
+        fleet.close()

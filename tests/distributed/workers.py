@@ -458,7 +458,13 @@ def methods_one_update(root: str, methods: list[str]) -> dict:
     out: dict = {}
     try:
         for name in methods:
-            cfg = METHODS[name].config(base)
+            # "METHOD+overlap": phases overlapped; "METHOD+uncertain": selective analysis
+            method, _, variant = name.partition("+")
+            cfg = METHODS[method].config(base)
+            if variant == "overlap":
+                cfg = cfg.with_changes({"rollout": {"overlap": True}})
+            if variant == "uncertain":
+                cfg = cfg.with_changes({"skill": {"select": "uncertain"}})
             if cfg.algo.advantage_reweight == "rlsd":  # lambda visibly decays within 2 updates
                 cfg = dataclasses.replace(
                     cfg, algo=dataclasses.replace(cfg.algo, rlsd_decay_updates=2)
@@ -485,6 +491,7 @@ def methods_one_update(root: str, methods: list[str]) -> dict:
                 "first_user": records[0].turns[0].user,
                 "sources": sorted({x.analysis.source for x in records if x.analysis}),
                 "skills": sorted({x.skill for x in records if x.skill}),
+                "analysed_groups": sorted(x.group_id for x in records if x.analysis),
             }
         skills = SkillLibrary.load(root / "library").for_games(games, env.family)
         out["evaluation"] = evaluate_policies(

@@ -20,7 +20,7 @@ PICK = "Take the object from where it lies and move it to the target receptacle.
 # the Stage-2 runs; grpo first (its trajectories become the Stage-1 annotations)
 RUNS = [
     "grpo", "skill-grpo", "opsd", "opsd-paper", "grpo-opsd", "skill-sd", "rlsd", "sdar",
-    "seed", "seed-replay", "static-skills",
+    "seed", "seed-replay", "static-skills", "seed+overlap", "seed+uncertain",
 ]  # fmt: skip
 # methods whose Stage 2 is another's (their difference is Stage 1 or no training at all)
 SAME_STAGE2 = {"no-sft": "seed", "no-opd": "grpo", "vanilla": None, "skill-prompt": None}
@@ -87,6 +87,24 @@ def _check(name: str, runs: dict) -> None:
         assert row["train/loss/replay_nll"] > 0
     if name == "static-skills":
         assert run["sources"] == ["stage1_library"] and row["analyze/valid_rate"] > 0
+
+
+def test_seed_with_overlapped_phases_and_with_selective_analysis(runs):
+    """`rollout.overlap`: every trajectory analysed as it ended, the driver's waits and each
+    engine's and env worker's busy/idle seconds logged; `skill.select=uncertain`: one of
+    each group's two trajectories analysed (the lower mean log-prob)."""
+    row = _row(runs, "seed+overlap")
+    assert runs["seed+overlap"]["sources"] == ["analyzer"] and row["analyze/n"] == 4
+    assert row["analyze/selected_share"] == 1.0 and "time/analyze" not in row
+    assert row["overlap/episodes_s"] > 0 and row["overlap/analysis_tail_s"] >= 0
+    assert row["busy/engine0_s"] > 0 and row["busy/env0_s"] > 0
+    window = row["time/rollout"]
+    assert row["busy/engine0_s"] + row["idle/engine0_s"] == pytest.approx(window, rel=0.05)
+    sync = _row(runs, "seed")
+    assert "time/analyze" in sync and sync["rollout/engine_wait_s"] > 0
+    uncertain = _row(runs, "seed+uncertain")
+    assert uncertain["analyze/n"] == 2 and uncertain["analyze/selected_share"] == 0.5
+    assert len(runs["seed+uncertain"]["analysed_groups"]) == 2  # one per group
 
 
 @pytest.mark.parametrize("name", list(METHODS))

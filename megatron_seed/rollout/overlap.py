@@ -1,0 +1,376 @@
+"""Episodes that advance on their own, and skills decoded as each episode ends
+(`rollout.overlap`).
+
+The turn-synchronous loop (`AgentLoop.run`) sends every live episode's prompt in one batch,
+waits for the slowest reply, then steps every environment while the engines idle; the
+analysis (`rollout.analyzer`) starts only after the last episode has ended. Here one driver
+keeps each engine's running batch fed through vLLM's continuous batching
+(`VLLMEngine.advance`: add requests, step until one finishes):
+
+- an episode's next prompt goes to its engine as soon as its environment step returns;
+- the actions one `advance` returned go to the env workers together (one call per worker);
+- a finished episode's analyzer request goes to the same engine at once (in the
+  `continuation` layout its prompt starts with the episode's own chat, which that engine's
+  prefix cache holds), and the retry of an unparseable reply as soon as it is parsed.
+
+What stays exact: every turn stores the very ids the engine sampled and their log-probs
+(`AgentLoop._act`, shared with the synchronous loop), and each analysis request is built
+from its own episode's record and folded into that record only. What changes is the order
+in which requests meet the engines: on CPU, where vLLM samples without per-request seeds,
+the random draws follow that order, so an overlapped rollout is a different (equally
+on-policy) sample than the synchronous one at the same seed.
+
+`FleetStream` holds what each engine was sent and not yet answered, so a dead or hung
+engine is restarted (`Fleet.restart`) and its requests resubmitted; when it may not be
+restarted, its episodes end with status `engine_error` and its analyses with a transport
+error, as in the synchronous path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from megatron_seed.config import SkillConfig
+from megatron_seed.data import TrajectoryRecord
+from megatron_seed.data.records import Status
+from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task
+
+
+@dataclass
+class _Request:
+    key: Any
+    ids: list[int]
+    spec: Any
+    offset: int
+
+
+class FleetStream:
+    """Requests to a fleet's engines, each sent to a chosen engine as soon as it is ready,
+    results as each request finishes (one `advance` call in flight per engine)."""
+
+    def __init__(self, fleet: Any, timeout_s: float | None = None) -> None:
+        self.fleet = fleet
+        self.num_engines = int(fleet.num_engines)
+        self.timeout_s = float(timeout_s or getattr(fleet, "request_timeout_s", 600.0))
+        self._queued: list[list[_Request]] = [[] for _ in range(self.num_engines)]
+        self._sent: list[dict[Any, _Request]] = [{} for _ in range(self.num_engines)]
+        self._calls: dict[Any, tuple[int, float]] = {}  # ref -> (engine, sent at)
+
+    def submit(self, engine: int, key: Any, ids: list[int], spec: Any, offset: int) -> None:
+        """Queue one request for `engine` (sent at the next `pump`)."""
+        self._queued[engine].append(_Request(key, ids, spec, offset))
+
+    def pump(self) -> None:
+        """Call `advance` on every engine that has work and no call in flight."""
+        busy = {e for e, _ in self._calls.values()}
+        for e in range(self.num_engines):
+            if e in busy or not (self._queued[e] or self._sent[e]):
+                continue
+            new, self._queued[e] = self._queued[e], []
+            ref = self.fleet.advance(e, [(r.key, r.ids, r.spec, r.offset) for r in new])
+            self._sent[e].update({r.key: r for r in new})
+            self._calls[ref] = (e, time.monotonic())
+
+    def refs(self) -> list[Any]:
+        """The object refs of the calls in flight."""
+        return list(self._calls)
+
+    def owns(self, ref: Any) -> bool:
+        """Whether `ref` is one of this stream's calls."""
+        return ref in self._calls
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, sent or in flight."""
+        return not self._calls and not any(self._queued) and not any(self._sent)
+
+    def collect(self, ref: Any) -> tuple[list[tuple[Any, Any]], list[tuple[Any, str]]]:
+        """(finished (key, Generation) pairs, failed (key, error) pairs) of a ready call."""
+        import ray
+
+        engine, _ = self._calls.pop(ref)
+        try:
+            done = ray.get(ref)
+        except Exception as exc:  # the actor died, or its engine raised
+            return [], self._recover(engine, f"{type(exc).__name__}: {str(exc)[:300]}")
+        for key, _ in done:
+            self._sent[engine].pop(key, None)
+        return done, []
+
+    def expire(self) -> list[tuple[Any, str]]:
+        """Restart the engines whose call outlived the timeout; the failed requests of
+        those that may not be restarted."""
+        now, failed = time.monotonic(), []
+        for ref, (engine, sent) in list(self._calls.items()):
+            if now - sent > self.timeout_s:
+                del self._calls[ref]
+                failed += self._recover(engine, f"no answer within {self.timeout_s:g} s")
+        return failed
+
+    def _recover(self, engine: int, reason: str) -> list[tuple[Any, str]]:
+        from megatron_seed.rollout.fleet import FleetError
+
+        lost = [*self._sent[engine].values(), *self._queued[engine]]
+        self._sent[engine], self._queued[engine] = {}, []
+        try:
+            self.fleet.restart(engine, reason)
+        except FleetError as err:
+            return [(r.key, str(err)) for r in lost]
+        self._queued[engine] = lost  # resubmitted, in order, at the next pump
+        return []
+
+
+@dataclass
+class AnalysisPlan:
+    """How the episodes that end are analysed while the others play.
+
+    tokenizer: builds the analyzer prompts (`rollout.analyzer.request_ids`);
+    max_prompt_tokens: the longest analyzer prompt the engines' context allows;
+    select: which finished records to analyse (`rollout.analyzer.selector`): called with
+        the records of one task's group once all of them have ended.
+    """
+
+    tokenizer: Any
+    cfg: SkillConfig
+    max_prompt_tokens: int | None = None
+    select: Callable[[list[TrajectoryRecord]], list[bool]] | None = None
+
+
+@dataclass
+class OverlapTiming:
+    """Where the driver's time went (seconds; the phase's metrics)."""
+
+    episodes_s: float = 0.0  # start -> the last episode ended
+    analysis_tail_s: float = 0.0  # the last episode ended -> the last analysis returned
+    wait: dict[str, float] = field(
+        default_factory=lambda: {"engines": 0.0, "envs": 0.0, "both": 0.0}
+    )
+
+    def metrics(self) -> dict[str, float]:
+        """As `overlap/...` metrics."""
+        out = {
+            "overlap/episodes_s": self.episodes_s,
+            "overlap/analysis_tail_s": self.analysis_tail_s,
+        }
+        out.update({f"overlap/wait_{k}_s": v for k, v in self.wait.items()})
+        return out
+
+
+def play_overlapped(
+    loop: AgentLoop,
+    stream: FleetStream,
+    tasks: list[Task],
+    group_size: int,
+    spec: Any,
+    update: int = 0,
+    analysis: AnalysisPlan | None = None,
+) -> tuple[list[TrajectoryRecord], RolloutStats, list[Any], OverlapTiming]:
+    """Play `group_size` episodes of every task with episodes advancing independently and
+    (with `analysis`) each selected episode analysed as soon as its group is complete.
+
+    Returns (one record per episode in task order, rollout counts, the `AnalysisResult` of
+    every analysed record in record order, timing). The records' `skill`/`analysis` are not
+    set here: `rollout.analyzer.apply_analysis` does it, as for the synchronous path.
+    """
+    return _Overlap(loop, stream, spec, analysis).run(tasks, group_size, update)
+
+
+class _Overlap:
+    """The event loop of `play_overlapped` (one per call)."""
+
+    def __init__(
+        self, loop: AgentLoop, stream: FleetStream, spec: Any, analysis: AnalysisPlan | None
+    ) -> None:
+        import ray
+
+        from megatron_seed.rollout.engine import SamplingSpec
+        from megatron_seed.skills.parse import ValidationRules
+
+        self._ray = ray
+        self.loop, self.stream, self.spec, self.analysis = loop, stream, spec, analysis
+        self.stats = RolloutStats()
+        self.timing = OverlapTiming()
+        self.pending_env: dict[Any, Any] = {}  # ref -> PendingStep
+        self.prompts: dict[int, list[int]] = {}  # episode -> the prompt in flight
+        self.asked: dict[int, tuple[Any, int]] = {}  # episode -> (analysis request, prompt len)
+        self.results: dict[int, Any] = {}  # episode -> AnalysisResult
+        if analysis is not None:
+            self.rules = ValidationRules.from_config(analysis.cfg)
+            self.analysis_spec = SamplingSpec(
+                temperature=analysis.cfg.temperature, max_tokens=analysis.cfg.max_tokens
+            )
+
+    # ------------------------------------------------------------ the loop
+
+    def run(
+        self, tasks: list[Task], group_size: int, update: int
+    ) -> tuple[list[TrajectoryRecord], RolloutStats, list[Any], OverlapTiming]:
+        start = time.perf_counter()
+        self.episodes = self.loop._start(tasks, group_size, update)
+        n = len(self.episodes)
+        self.stats.episodes = n
+        self.group_size = group_size
+        self.records: list[TrajectoryRecord | None] = [None] * n
+        self.by_env = {ep.env_id: i for i, ep in enumerate(self.episodes)}
+        # contiguous blocks of episodes per engine, as the synchronous fleet splits a batch;
+        # an episode stays on its engine (its prefix cache holds the episode's chat)
+        self.engine_of = [i * self.stream.num_engines // max(1, n) for i in range(n)]
+        self.last_end = start
+        for i, ep in enumerate(self.episodes):
+            if ep.done:
+                self._end(i)
+            else:
+                self._ask(i)
+        while not self.stream.idle or self.pending_env:
+            self.stream.pump()
+            self._wait_one()
+        done = time.perf_counter()
+        self.timing.episodes_s = self.last_end - start
+        self.timing.analysis_tail_s = max(0.0, done - self.last_end) if self.results else 0.0
+        self.stats.engine_wait_s = self.timing.wait["engines"]
+        self.stats.env_wait_s = self.timing.wait["envs"]
+        records = [r for r in self.records if r is not None]
+        assert len(records) == n, "an episode ended without a record"
+        analysed = [self.results[i] for i in sorted(self.results)]
+        return records, self.stats, analysed, self.timing
+
+    def _wait_one(self) -> None:
+        engine_refs, env_refs = self.stream.refs(), list(self.pending_env)
+        kind = "both" if engine_refs and env_refs else ("engines" if engine_refs else "envs")
+        t0 = time.perf_counter()
+        ready, _ = self._ray.wait(engine_refs + env_refs, num_returns=1, timeout=1.0)
+        self.timing.wait[kind] += time.perf_counter() - t0
+        for key, error in self.stream.expire():
+            self._failed(key, error)
+        timeout = self.loop.pool.step_timeout_s
+        now = time.monotonic()
+        for ref, p in list(self.pending_env.items()):
+            if ref not in ready and now - p.started > timeout:
+                del self.pending_env[ref]
+                self._observed(self.loop.pool.collect_step(p, answered=False))
+        if not ready:
+            return
+        ref = ready[0]
+        if self.stream.owns(ref):
+            done, failed = self.stream.collect(ref)
+            self._generated(done)
+            for key, error in failed:
+                self._failed(key, error)
+        elif ref in self.pending_env:
+            self._observed(self.loop.pool.collect_step(self.pending_env.pop(ref)))
+
+    # ------------------------------------------------------------ episodes
+
+    def _ask(self, i: int) -> None:
+        ep = self.episodes[i]
+        ids = self.loop._ask(ep)
+        if ids is None:
+            self._end(i)
+            return
+        self.prompts[i] = ids
+        offset = i + len(self.episodes) * len(ep.turns)  # distinct per (episode, turn)
+        self.stream.submit(self.engine_of[i], ("act", i), ids, self.spec, offset)
+
+    def _generated(self, done: list[tuple[Any, Any]]) -> None:
+        actions: dict[int, str] = {}
+        for (kind, i), gen in done:
+            if kind == "analyze":
+                self._analysed(i, gen)
+                continue
+            ep = self.episodes[i]
+            action = self.loop._act(ep, self.prompts.pop(i), gen, self.stats)
+            if action is None:
+                self._end(i)
+            else:
+                actions[ep.env_id] = action
+        if not actions:
+            return
+        self.stats.turns += len(actions)
+        known, pending = self.loop.pool.submit_step(actions)
+        self._observed(known)
+        self.pending_env.update({p.ref: p for p in pending})
+
+    def _observed(self, results: dict[int, Any]) -> None:
+        for env_id, res in results.items():
+            i = self.by_env[env_id]
+            self.loop._observe(self.episodes[i], res)
+            if self.episodes[i].done:
+                self._end(i)
+            else:
+                self._ask(i)
+
+    def _failed(self, key: Any, error: str) -> None:
+        kind, i = key
+        if kind == "analyze":
+            self._analysed(i, None, error)
+            return
+        ep = self.episodes[i]
+        self.prompts.pop(i, None)
+        ep.done, ep.status, ep.error = True, Status.ENGINE_ERROR, error
+        self._end(i)
+
+    def _end(self, i: int) -> None:
+        self.records[i] = self.loop._record(self.episodes[i])
+        self.last_end = time.perf_counter()
+        if self.analysis is None:
+            return
+        first = i - i % self.group_size
+        group = self.records[first : first + self.group_size]
+        if any(r is None for r in group):
+            return  # the selection sees the whole group
+        chosen = [r.status.trainable and bool(r.turns) for r in group]  # type: ignore[union-attr]
+        if self.analysis.select is not None:
+            picked = self.analysis.select(group)  # type: ignore[arg-type]
+            chosen = [c and p for c, p in zip(chosen, picked, strict=True)]
+        for j, c in enumerate(chosen):
+            if c:
+                self._analyse(first + j)
+
+    # ------------------------------------------------------------ analyses
+
+    def _analyse(self, i: int) -> None:
+        from megatron_seed.skills.parse import AnalysisResult, build_requests
+
+        assert self.analysis is not None
+        record = self.records[i]
+        request = build_requests([record], self.analysis.cfg.analyzer_layout, self.rules.min_words)
+        request = replace(request[0], index=i)
+        self.results[i] = AnalysisResult(index=i, trajectory_id=request.trajectory_id)
+        self._send_analysis(i, request)
+
+    def _send_analysis(self, i: int, request: Any) -> None:
+        from megatron_seed.rollout.analyzer import request_ids
+        from megatron_seed.skills.parse import Generation, absorb_reply
+
+        assert self.analysis is not None
+        ids = request_ids(self.analysis.tokenizer, request)
+        limit = self.analysis.max_prompt_tokens
+        if limit is not None and len(ids) > limit:
+            error = Generation(error="analyzer prompt exceeds the engine's context")
+            absorb_reply(request, self.results[i], error, self.analysis.cfg, self.rules)
+            return
+        self.asked[i] = (request, len(ids))
+        offset = i + len(self.episodes) * request.attempt
+        self.stream.submit(self.engine_of[i], ("analyze", i), ids, self.analysis_spec, offset)
+
+    def _analysed(self, i: int, gen: Any, error: str | None = None) -> None:
+        from megatron_seed.skills.parse import Generation, absorb_reply
+
+        assert self.analysis is not None
+        request, prompt_tokens = self.asked.pop(i)
+        reply = (
+            Generation(error=error)
+            if gen is None
+            else Generation(
+                text=gen.text,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=len(gen.token_ids),
+                finish_reason=gen.finish_reason,
+            )
+        )
+        retry = absorb_reply(request, self.results[i], reply, self.analysis.cfg, self.rules)
+        if retry is not None:
+            self._send_analysis(i, retry)

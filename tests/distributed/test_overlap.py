@@ -1,0 +1,156 @@
+"""Overlapped phases (`rollout.overlap`) on the real engines: two vLLM engines in Ray actors
+serving the tiny world's policy, ALFWorld episodes in Ray env workers, episodes advancing
+independently and each analysed as it ends. What must hold: every turn carries exactly the
+ids the engine sampled and their log-probs, and every skill comes from its own episode."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from megatron_seed.testbed.tiny_world import make_tiny_world
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.distributed
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RecordingFleet:
+    """The fleet as `FleetStream` sees it, keeping every request sent and every call's ref."""
+
+    def __init__(self, fleet) -> None:
+        self.fleet = fleet
+        self.num_engines = fleet.num_engines
+        self.request_timeout_s = fleet.request_timeout_s
+        self.sent: list[tuple[int, tuple, list[int]]] = []  # (engine, key, prompt ids)
+        self.calls: list = []
+
+    def advance(self, engine, requests):
+        self.sent += [(engine, key, list(ids)) for key, ids, _, _ in requests]
+        ref = self.fleet.advance(engine, requests)
+        self.calls.append(ref)
+        return ref
+
+    def restart(self, engine, reason):
+        self.fleet.restart(engine, reason)
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    from envs.spec import get_env
+    from megatron_seed import recipes
+    from megatron_seed.rollout.analyzer import apply_analysis
+    from megatron_seed.rollout.overlap import AnalysisPlan, FleetStream, play_overlapped
+    from megatron_seed.rollout.session import RolloutSession
+
+    root = make_tiny_world(tmp_path_factory.mktemp("overlap"), n_games=3)
+    os.environ["PYTHONPATH"] = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="ray_ov_"))
+    cfg = recipes.get("tiny").config.with_changes(
+        {
+            "rollout": {"max_prompt_tokens": 1500, "max_steps": 3, "overlap": True},
+            "skill": {"analyzer_layout": "continuation", "max_tokens": 48, "max_retries": 1},
+            "fleet": {"engines": 2, "max_model_len": 2048},
+        }
+    )
+    games = [str(g) for g in get_env("alfworld").list_tasks(root / "games", "train")]
+    with RolloutSession(cfg, root / "model") as session:
+        fleet = RecordingFleet(session.fleet)
+        plan = AnalysisPlan(session.tokenizer, cfg.skill, session.analyzer_prompt_limit())
+        records, stats, results, timing = play_overlapped(
+            session.loop, FleetStream(fleet), session.tasks(games), 2, session.sampling(), 0, plan
+        )
+        replies = [pair for ref in fleet.calls for pair in ray.get(ref)]
+        chats = [_chat_ids(session.tokenizer, r) for r in records]
+        scored = session.fleet.prompt_logprobs([ids for ids, _ in chats])
+        analysed = [records[r.index] for r in results]
+        metrics = apply_analysis(analysed, results)
+        yield dict(
+            records=records, stats=stats, results=results, timing=timing, fleet=fleet,
+            replies=replies, chats=chats, scored=scored, metrics=metrics, cfg=cfg,
+            tokenizer=session.tokenizer,
+        )  # fmt: skip
+    ray.shutdown()
+
+
+def _chat_ids(tokenizer, record) -> tuple[list[int], list[tuple[int, int]]]:
+    """The episode's whole chat as ids, and the [start, end) of each turn's action ids."""
+    from megatron_seed.data.sequences import ChatBuilder
+
+    chat, spans = ChatBuilder(tokenizer, record.system_prompt), []
+    for i, turn in enumerate(record.turns):
+        ids = chat.prompt_ids(turn.user) if i == 0 else chat.append_user(turn.user)
+        spans.append((len(ids), len(ids) + len(turn.action_ids)))
+        chat.append_action(turn.action_ids, turn.logprobs)
+    return list(chat.sequence().input_ids), spans
+
+
+def test_every_turn_carries_the_engines_sampled_ids_and_logprobs(played):
+    records, replies, fleet = played["records"], played["replies"], played["fleet"]
+    assert len(records) == 6 and all(r.turns for r in records)
+    answers = {}  # (episode, turn) -> the generation the engine returned
+    for (kind, i), gen in replies:
+        if kind == "act":
+            answers[(i, sum(k[0] == i for k in answers))] = gen
+    prompts = {}
+    for engine, (kind, i), ids in fleet.sent:
+        if kind == "act":
+            prompts.setdefault(i, []).append((engine, ids))
+    for i, record in enumerate(records):
+        assert len(prompts[i]) == len(record.turns)
+        assert len({engine for engine, _ in prompts[i]}) == 1  # an episode keeps its engine
+        for t, turn in enumerate(record.turns):
+            gen = answers[(i, t)]
+            assert turn.action_ids == list(gen.token_ids) and turn.logprobs == list(gen.logprobs)
+        # the engine saw exactly the chat the trainer will score, turn after turn
+        chat, spans = played["chats"][i]
+        for (_, sent), (start, _) in zip(prompts[i], spans, strict=True):
+            assert sent == chat[:start]
+    # an independent check of the log-probs: the engine re-scores each whole chat
+    for i, record in enumerate(records):
+        chat, spans = played["chats"][i]
+        scored = played["scored"][i]
+        for turn, (start, end) in zip(record.turns, spans, strict=True):
+            again = scored[start - 1 : end - 1]  # scored[k] = log p(chat[k+1] | chat[:k+1])
+            assert again == pytest.approx(turn.logprobs, abs=1e-4)
+
+
+def test_every_skill_comes_from_its_own_episode(played):
+    from megatron_seed.rollout.analyzer import request_ids
+    from megatron_seed.skills.parse import build_requests
+
+    records, results, fleet, cfg = (
+        played["records"],
+        played["results"],
+        played["fleet"],
+        played["cfg"],
+    )
+    trainable = [i for i, r in enumerate(records) if r.status.trainable and r.turns]
+    assert sorted(r.index for r in results) == trainable  # each analysed once
+    engine_of = {i: e for e, (kind, i), _ in fleet.sent if kind == "act"}
+    first_ask = {}
+    for engine, (kind, i), ids in fleet.sent:
+        if kind == "analyze":
+            assert engine == engine_of[i]  # the engine whose prefix cache holds the episode
+            first_ask.setdefault(i, ids)
+    last_reply = {i: gen.text for (kind, i), gen in played["replies"] if kind == "analyze"}
+    for res in results:
+        i, record = res.index, records[res.index]
+        (request,) = build_requests([record], "continuation", cfg.skill.min_words)
+        assert first_ask[i] == request_ids(played["tokenizer"], request)
+        assert first_ask[i][: len(played["chats"][i][0])] == played["chats"][i][0]
+        assert res.raw == last_reply[i]  # the reply folded into this record is its own
+        assert record.analysis is not None and record.analysis.trajectory_id == res.trajectory_id
+        assert record.skill == (res.skill if res.valid else None)
+        assert 1 <= res.attempts <= 2
+    assert played["metrics"]["analyze/n"] == len(results)
+
+
+def test_the_driver_accounts_for_its_time(played):
+    timing, stats = played["timing"], played["stats"]
+    assert timing.episodes_s > 0 and timing.analysis_tail_s > 0
+    assert stats.turns == sum(len(r.turns) for r in played["records"])
+    assert stats.engine_wait_s == timing.wait["engines"] and sum(timing.wait.values()) > 0
