@@ -207,6 +207,12 @@ class RolloutConfig(_Checked):
     # episodes advance independently and each finished episode is analysed while the
     # others play (`rollout.overlap`); off: the turn-synchronous loop, then the analysis
     overlap: bool = False
+    # one-step-off updates: the rollouts (and analyses) of update k+1 run while update k
+    # trains, with the weights of update k (theta_old one update behind the trainer); each
+    # update re-analyses `staleness_sample` of its trajectories with the current weights
+    # and logs the analyzer staleness (`algo.staleness`). Not with colocated engines.
+    one_step_off: bool = False
+    staleness_sample: int = _range(4, 0)
 
 
 @dataclass(frozen=True)
@@ -309,6 +315,14 @@ class SeedConfig(_Checked):
     collect_rollouts_per_task: int = _range(8, 1)  # K0 (paper: 180 tasks x 8 = 1,440)
     seed: int = _range(1234, 0)
     save_every: int = _range(10, 0)  # 0: no periodic checkpoints
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rollout.one_step_off and self.fleet.colocate:
+            raise ConfigError(
+                "rollout.one_step_off plays the next update while this one trains: the "
+                "engines cannot share the trainer's GPUs (fleet.colocate)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict view (for the run's `config.json`)."""

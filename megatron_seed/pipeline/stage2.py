@@ -29,6 +29,7 @@ import random
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,9 @@ class Run:
     need_sync: bool  # the engines do not hold theta yet
     probe: Any = None  # TokenBatch [1, n] the refit check scores after every sync
     replay_pool: list[TrajectoryRecord] = field(default_factory=list)  # analyzer replay
+    # one-step-off: the next update's rollout and analysis, running in `ahead_pool`
+    ahead: Future | None = None
+    ahead_pool: ThreadPoolExecutor | None = None
 
     @property
     def cfg(self) -> SeedConfig:
@@ -223,6 +227,9 @@ def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dic
         metrics.update(train(run, records))
     if colocate and fleet is not None:
         fleet.wake(["weights"])
+    if run.ahead is not None:  # the engines finish the next update's episodes first
+        with timer.time("ahead_wait"):
+            run.ahead.exception()
     with timer.time("sync"):
         metrics.update(sync(run, verify=not colocate))
     if colocate:
@@ -267,30 +274,40 @@ def verify_refit(run: Run) -> dict[str, float]:
     return verdict
 
 
-def rollout(run: Run) -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
-    """B tasks x N episodes with theta_old (rank 0; None elsewhere)."""
+def rollout(
+    run: Run, step: int | None = None, position: int | None = None, version: int | None = None
+) -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
+    """B tasks x N episodes with theta_old (rank 0; None elsewhere), for update `step` from
+    data position `position` (default: the trainer's; one-step-off plays the next ones)
+    with the engines' weights of trainer step `version` (default: the trainer's now)."""
     side = run.side
     if side.session is None:
         return None, {}
     cfg = run.cfg
-    games = side.sampler.take(run.trainer.state.data_position, cfg.rollout.tasks_per_update)
+    step = run.step if step is None else step
+    position = run.trainer.state.data_position if position is None else position
+    games = side.sampler.take(position, cfg.rollout.tasks_per_update)
     session = side.session
     if cfg.rollout.reseed_each_update:
-        session.fleet.reseed(update_seed(cfg.seed, run.step))
+        session.fleet.reseed(update_seed(cfg.seed, step))
     skills = run.job.skill_library if cfg.skill.rollout_skill else None
     tasks = session.tasks(games, skills)
     metrics: dict[str, float] = {}
     if cfg.rollout.overlap:
         records, stats, results, timing = session.play_overlapped(
-            tasks, cfg.rollout.group_size, session.sampling(), run.step, _analysis_plan(run)
+            tasks, cfg.rollout.group_size, session.sampling(), step, _analysis_plan(run)
         )
         metrics.update(timing.metrics())
         if _analyzes(cfg):
             metrics.update(_overlapped_analysis(records, results))
     else:
         records, stats = session.play(
-            tasks, cfg.rollout.group_size, session.sampling(), update=run.step
+            tasks, cfg.rollout.group_size, session.sampling(), update=step
         )
+    if cfg.rollout.one_step_off:
+        version = run.step if version is None else version
+        for record in records:  # the trainer step whose weights played it
+            record.meta["policy_version"] = version
     metrics.update(rollout_metrics(records))
     metrics.update({f"rollout/{k}": float(v) for k, v in dataclasses.asdict(stats).items()})
     return records, metrics
@@ -438,18 +455,28 @@ def update(run: Run) -> dict[str, Any]:
     if run.need_sync:  # fresh engines start from model_dir; a resumed or shared fleet not
         with timer.time("sync"):
             metrics.update(sync(run))
-    busy = _busy(run)
-    with timer.time("rollout"):
-        records, m = rollout(run)
+    if run.ahead is not None:  # played and analysed while the last update trained
+        with timer.time("rollout"):  # what is left of it to wait for (usually nothing)
+            records, m = run.ahead.result()
+        run.ahead = None
         metrics.update(m)
-    if cfg.algo.use_opd and not (cfg.rollout.overlap and _analyzes(cfg)):
-        with timer.time("analyze"):
-            metrics.update(analyze(run, records))
-    metrics.update(_accounting(busy, _busy(run), timer))
+    else:
+        busy = _busy(run)
+        with timer.time("rollout"):
+            records, m = rollout(run)
+            metrics.update(m)
+        if cfg.algo.use_opd and not (cfg.rollout.overlap and _analyzes(cfg)):
+            with timer.time("analyze"):
+                metrics.update(analyze(run, records))
+        metrics.update(_accounting(busy, _busy(run), timer))
+    if cfg.rollout.one_step_off:
+        with timer.time("staleness"):
+            metrics.update(staleness(run, records))
     if records is not None:
         path = Path(run.job.out_dir) / "trajectories" / f"update_{run.step:05d}.jsonl"
         write_jsonl(records, path)
     records = _broadcast(records)
+    run.ahead = _play_ahead(run)
     metrics.update(train_and_sync(run, records, timer))
     run.need_sync = False
     if run.job.eval_every and run.step % run.job.eval_every == 0:
@@ -459,6 +486,87 @@ def update(run: Run) -> dict[str, Any]:
         with timer.time("checkpoint"):
             checkpoint(run)
     metrics.update(timer.metrics())
+    return metrics
+
+
+def _play_ahead(run: Run) -> Future | None:
+    """One-step-off (rank 0): start the next update's rollout and analysis in a thread,
+    on the weights the engines hold now (the trainer's before this update's step)."""
+    cfg = run.cfg
+    if not cfg.rollout.one_step_off or run.side.session is None or run.step + 1 >= cfg.updates:
+        return None
+    step, version = run.step + 1, run.step
+    position = run.trainer.state.data_position + cfg.rollout.tasks_per_update
+    if run.ahead_pool is None:
+        run.ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahead")
+
+    def play() -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
+        timer = PhaseTimer()
+        with timer.time("rollout"):
+            records, metrics = rollout(run, step, position, version)
+        if cfg.algo.use_opd and not (cfg.rollout.overlap and _analyzes(cfg)):
+            with timer.time("analyze"):
+                metrics.update(analyze(run, records))
+        metrics.update({f"ahead/{k}_s": v for k, v in timer.seconds.items()})
+        return records, metrics
+
+    return run.ahead_pool.submit(play)
+
+
+def staleness(run: Run, records: list[TrajectoryRecord] | None) -> dict[str, float]:
+    """Proposition 3's analyzer staleness for this update (a collective): the lag between
+    the trainer and the weights that played and analysed `records`; with a lag, up to
+    `rollout.staleness_sample` analysed trajectories are analysed again by the engines
+    (which hold the trainer's weights now) and the trainer scores their action tokens
+    without a skill, with the old skill and with the new one (`algo.staleness`)."""
+    import copy
+
+    from megatron_seed.algo.staleness import staleness_metrics
+    from megatron_seed.data import collate
+    from megatron_seed.data.sequences import build_sequences
+
+    cfg = run.cfg
+    payload = None
+    if records is not None:
+        lag = run.step - min(r.meta["policy_version"] for r in records)
+        sample = [r for r in records if r.skill][: cfg.rollout.staleness_sample]
+        fresh: list[TrajectoryRecord] = []
+        if lag > 0 and sample and _analyzes(cfg):
+            fresh = [copy.deepcopy(r) for r in sample]
+            for r in fresh:
+                r.skill, r.analysis = None, None
+            analyze(run, fresh)
+        pairs = [(old, new) for old, new in zip(sample, fresh, strict=False) if new.skill]
+        payload = (lag, pairs)
+    lag, pairs = _broadcast(payload)
+    metrics: dict[str, float] = {"staleness/lag": float(lag)}
+    if lag == 0:  # the analyzer that made every skill is the synchronized one
+        metrics.update({"staleness/delta_abs_mean": 0.0, "staleness/gate_abs_mean": 0.0})
+        metrics["staleness/bound"] = 0.0
+        return metrics
+    if not pairs:
+        return metrics
+    insert_at = cfg.skill.insert_at
+    rows = []  # per pair: (student, stale teacher, fresh teacher) sequences
+    for old, new in pairs:
+        for a, b in zip(
+            build_sequences(old, run.tokenizer, insert_at),
+            build_sequences(new, run.tokenizer, insert_at),
+            strict=True,
+        ):
+            rows.append((a.student, a.teacher, b.teacher))
+    seqs = [seq for row in rows for seq in row]
+    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    batch = collate(seqs, pad, run.trainer.seq_multiple)
+    logp = run.trainer.score(batch)  # [3 n, s]; position i scores labels[:, i]
+    tokens = [logp[i][batch.loss_mask[i]] for i in range(len(seqs))]  # each [actions]
+    student = torch.cat(tokens[0::3])
+    metrics.update(
+        staleness_metrics(
+            student, torch.cat(tokens[1::3]), torch.cat(tokens[2::3]), cfg.algo.beta_opd
+        )
+    )
+    metrics["staleness/trajectories"] = float(len(pairs))
     return metrics
 
 
@@ -507,6 +615,8 @@ def run_stage2(job: Stage2Job, fleet: Any = None, pool: Any = None) -> list[dict
                     return rows
         _export_final(run.trainer, Path(job.out_dir) / "final_hf", run.hf_config, job.model_dir)
     finally:
+        if run.ahead_pool is not None:
+            run.ahead_pool.shutdown(wait=True, cancel_futures=True)
         run.side.close()
     return rows
 

@@ -465,6 +465,8 @@ def methods_one_update(root: str, methods: list[str]) -> dict:
                 cfg = cfg.with_changes({"rollout": {"overlap": True}})
             if variant == "uncertain":
                 cfg = cfg.with_changes({"skill": {"select": "uncertain"}})
+            if variant == "one_step_off":  # three updates: the lag shows from the second on
+                cfg = cfg.with_changes({"rollout": {"one_step_off": True}, "updates": 3})
             if cfg.algo.advantage_reweight == "rlsd":  # lambda visibly decays within 2 updates
                 cfg = dataclasses.replace(
                     cfg, algo=dataclasses.replace(cfg.algo, rlsd_decay_updates=2)
@@ -480,18 +482,23 @@ def methods_one_update(root: str, methods: list[str]) -> dict:
                 replay_data=str(annotated) if cfg.algo.replay_weight else None,
             )
             check_job(job)
-            (row,) = run_stage2(job, pool=pool)
-            trajectories = root / "runs" / name / "trajectories" / "update_00000.jsonl"
-            records = list(read_jsonl(trajectories))
+            rows = run_stage2(job, pool=pool)
+            row = rows[-1]
+            runs = root / "runs" / name / "trajectories"
+            updates = [list(read_jsonl(p)) for p in sorted(runs.glob("update_*.jsonl"))]
+            records = updates[0]
             if not annotated.is_file():
                 done, _ = stage1.annotate_oracle(records, cfg)
                 write_jsonl(done, annotated)
             out[name] = {
                 "row": row,
                 "first_user": records[0].turns[0].user,
+                "model_dir": str(root / "model"),
                 "sources": sorted({x.analysis.source for x in records if x.analysis}),
                 "skills": sorted({x.skill for x in records if x.skill}),
                 "analysed_groups": sorted(x.group_id for x in records if x.analysis),
+                "rows": rows,
+                "updates": updates,
             }
         skills = SkillLibrary.load(root / "library").for_games(games, env.family)
         out["evaluation"] = evaluate_policies(

@@ -21,6 +21,7 @@ PICK = "Take the object from where it lies and move it to the target receptacle.
 RUNS = [
     "grpo", "skill-grpo", "opsd", "opsd-paper", "grpo-opsd", "skill-sd", "rlsd", "sdar",
     "seed", "seed-replay", "static-skills", "seed+overlap", "seed+uncertain",
+    "seed-replay+one_step_off",
 ]  # fmt: skip
 # methods whose Stage 2 is another's (their difference is Stage 1 or no training at all)
 SAME_STAGE2 = {"no-sft": "seed", "no-opd": "grpo", "vanilla": None, "skill-prompt": None}
@@ -105,6 +106,47 @@ def test_seed_with_overlapped_phases_and_with_selective_analysis(runs):
     uncertain = _row(runs, "seed+uncertain")
     assert uncertain["analyze/n"] == 2 and uncertain["analyze/selected_share"] == 0.5
     assert len(runs["seed+uncertain"]["analysed_groups"]) == 2  # one per group
+
+
+def _behaviour_logprobs(model_dir, record) -> tuple[list[float], list[float]]:
+    """(the log-probs a record stores, those the HF model at `model_dir` gives its actions)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megatron_seed.data.sequences import build_sequences
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    (pair,) = build_sequences(record, tokenizer, "task_line", with_teacher=False)
+    ids = torch.tensor([pair.student.input_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)  # [n - 1, V]
+    mask = torch.tensor(pair.student.action_mask[1:])
+    scored = logp.gather(-1, ids[0, 1:, None])[:, 0][mask]
+    stored = [x for t in record.turns for x in t.logprobs]
+    return stored, scored.tolist()
+
+
+def test_one_step_off_lags_theta_old_by_exactly_one_update(runs, tmp_path_factory):
+    """Update k trains on episodes the weights of update k-1 played (analyzer replay moves
+    the weights every update): update 1's were played by theta_0, the initial model
+    (the engine's log-probs are its), update 2's by theta_1, which is not theta_0. The
+    staleness metric is 0 where the lag is 0 (update 0)."""
+    run = runs["seed-replay+one_step_off"]
+    rows, updates = run["rows"], run["updates"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [{x.meta["policy_version"] for x in u} for u in updates] == [{0}, {0}, {1}]
+    assert [r["staleness/lag"] for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[0]["staleness/delta_abs_mean"] == 0.0 and rows[0]["staleness/bound"] == 0.0
+    assert "ahead/rollout_s" in rows[1] and "ahead/analyze_s" in rows[1]
+    assert all(r["train/loss/replay_nll"] > 0 for r in rows)  # the weights move
+    model = str(run["model_dir"])
+    gaps = []  # per update: the largest gap between its stored log-probs and theta_0's
+    for k in (1, 2):
+        stored, theta0 = _behaviour_logprobs(model, updates[k][0])
+        gaps.append(max(abs(a - b) for a, b in zip(stored, theta0, strict=True)))
+    assert gaps[0] < 1e-4  # update 1 was played by theta_0
+    assert gaps[1] > max(2e-4, 10 * gaps[0])  # update 2 by other weights: theta_1
 
 
 @pytest.mark.parametrize("name", list(METHODS))

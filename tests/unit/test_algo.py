@@ -417,3 +417,24 @@ def test_pearson_from_sums_matches_numpy() -> None:
         y = 0.3 * x + rng.normal(size=n)
         r = pearson_from_sums(n, x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum())
         assert r == pytest.approx(np.corrcoef(x, y)[0, 1], abs=1e-10), n
+
+
+def test_staleness_metrics_match_proposition_3_by_hand():
+    """The review's worked example: log pi(v|c) = -1.2, with the stale skill -0.9, with the
+    fresh one -0.4, beta 5: Delta 0.3 vs 0.8, gates sigmoid(1.5) vs sigmoid(4)."""
+    from megatron_seed.algo.staleness import staleness_metrics
+
+    student = torch.tensor([-1.2, -2.0])
+    stale = torch.tensor([-0.9, -2.5])
+    fresh = torch.tensor([-0.4, -2.5])  # token 2: the same skill effect, no staleness
+    m = staleness_metrics(student, stale, fresh, beta=5.0)
+    assert m["staleness/delta_abs_mean"] == pytest.approx(0.5 / 2)
+    gate = 1 / (1 + math.exp(-4.0)) - 1 / (1 + math.exp(-1.5))  # 0.16443931
+    assert m["staleness/gate_abs_mean"] == pytest.approx(gate / 2)
+    assert m["staleness/bound"] == pytest.approx(5.0 / 4 * 0.25)
+    assert m["staleness/gate_abs_mean"] <= m["staleness/bound"]
+    assert m["staleness/tokens"] == 2.0
+    same = staleness_metrics(student, stale, stale.clone(), beta=5.0)
+    assert same["staleness/delta_abs_mean"] == 0.0 and same["staleness/gate_abs_mean"] == 0.0
+    with pytest.raises(ValueError):
+        staleness_metrics(student, stale, fresh[:1], beta=5.0)

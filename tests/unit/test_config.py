@@ -127,3 +127,12 @@ def test_recipes_resolve_for_train_and_run() -> None:
     assert job_config(QUICK, "grpo", seed=3) == quick.with_changes(
         {"algo": {"use_opd": False}, "seed": 3}
     )
+
+
+def test_one_step_off_refuses_colocated_engines():
+    from megatron_seed.config import ConfigError, SeedConfig
+
+    changes = {"rollout": {"one_step_off": True}, "fleet": {"colocate": True, "transport": "ipc"}}
+    with pytest.raises(ConfigError, match="one_step_off"):
+        SeedConfig().with_changes(changes)
+    assert SeedConfig().with_changes({"rollout": {"one_step_off": True}}).rollout.one_step_off
