@@ -210,11 +210,13 @@ class VLLMEngine:
         )
 
     def advance(
-        self, requests: list[tuple[Any, list[int], SamplingSpec, int]]
+        self, requests: list[tuple[Any, list[int], SamplingSpec, int]], linger_s: float = 0.0
     ) -> list[tuple[Any, Generation]]:
         """Continuous batching under the caller's control: add `requests` (key, prompt ids,
         spec, seed offset) to the running batch, then run scheduler steps until at least one
-        request has finished; return the finished (key, Generation) pairs.
+        request has finished, and on for up to `linger_s` more seconds while others are in
+        flight (fewer round trips when many finish close together); return the finished
+        (key, Generation) pairs.
 
         Requests added between two calls join the batch in flight (vLLM's scheduler admits
         them at its next step), so a driver can keep the engine busy with whatever work is
@@ -235,11 +237,14 @@ class VLLMEngine:
         finished: list[tuple[Any, Generation]] = []
         start = time.perf_counter()
         engine = self.llm.llm_engine
-        while self._in_flight and not finished:
+        first: float | None = None  # when the first request finished
+        while self._in_flight and (first is None or time.perf_counter() - first < linger_s):
             for out in engine.step():
                 if out.finished and out.request_id in self._in_flight:
                     key = self._in_flight.pop(out.request_id)
                     finished.append((key, self._to_generation(out.outputs[0])))
+            if finished and first is None:
+                first = time.perf_counter()
             if self._in_flight and not engine.has_unfinished_requests():
                 raise RuntimeError(f"{len(self._in_flight)} requests vanished from the engine")
         self.busy_s += time.perf_counter() - start

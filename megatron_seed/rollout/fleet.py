@@ -126,8 +126,10 @@ class _EngineActor:
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         return self.engine.prompt_logprobs(sequences)
 
-    def advance(self, requests: list[tuple[Any, list[int], SamplingSpec, int]]) -> list[Any]:
-        return self.engine.advance(requests)
+    def advance(
+        self, requests: list[tuple[Any, list[int], SamplingSpec, int]], linger_s: float = 0.0
+    ) -> list[Any]:
+        return self.engine.advance(requests, linger_s)
 
     def busy_seconds(self) -> float:
         return self.engine.busy_s
@@ -836,12 +838,18 @@ class Fleet:
 
     # ------------------------------------------------------------------ streaming
 
-    def advance(self, engine: int, requests: list[tuple[Any, list[int], SamplingSpec, int]]) -> Any:
+    def advance(
+        self,
+        engine: int,
+        requests: list[tuple[Any, list[int], SamplingSpec, int]],
+        linger_s: float = 0.0,
+    ) -> Any:
         """Engine `engine` adds `requests` (key, prompt ids, spec, seed offset) to its running
-        batch and steps until one of its requests finishes: the object ref of the finished
-        (key, Generation) pairs (`VLLMEngine.advance`; `rollout.overlap.FleetStream` drives
-        it). No recovery here: a caller that sees the engine die calls `restart`."""
-        return self._engines[engine].advance.remote(requests)
+        batch and steps until one of its requests finishes (and `linger_s` on): the object
+        ref of the finished (key, Generation) pairs (`VLLMEngine.advance`;
+        `rollout.overlap.FleetStream` drives it). No recovery here: a caller that sees the
+        engine die calls `restart`."""
+        return self._engines[engine].advance.remote(requests, linger_s)
 
     def restart(self, engine: int, reason: str) -> None:
         """Replace a dead or hung engine (the last synced weights replayed into it): its

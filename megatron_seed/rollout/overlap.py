@@ -9,9 +9,18 @@ keeps each engine's running batch fed through vLLM's continuous batching
 
 - an episode's next prompt goes to its engine as soon as its environment step returns;
 - the actions one `advance` returned go to the env workers together (one call per worker);
-- a finished episode's analyzer request goes to the same engine at once (in the
-  `continuation` layout its prompt starts with the episode's own chat, which that engine's
-  prefix cache holds), and the retry of an unparseable reply as soon as it is parsed.
+- a finished episode's analyzer request (and the retry of an unparseable reply) joins a
+  backlog that goes out as soon as an engine has room: one playing at most
+  `ANALYZE_BELOW` episode turns, or any engine once every episode has ended. The episodes
+  are the update's critical path (each turn waits for its decode); an analysis is not
+  needed before the last episode ends, so it fills the capacity the episodes leave: the
+  gaps while environments step, the engine whose group has ended, the stragglers' tail.
+  It goes to the episode's own engine when that one has room (in the `continuation`
+  layout its prompt starts with the episode's chat, which that engine's prefix cache
+  holds);
+- a task's samples share an engine (their first prompt is the same: one prefill), and an
+  episode moves to another engine only when its own holds `MOVE_AT` more requests than
+  the least loaded one (groups end at different times).
 
 What stays exact: every turn stores the very ids the engine sampled and their log-probs
 (`AgentLoop._act`, shared with the synchronous loop), and each analysis request is built
@@ -38,6 +47,12 @@ from megatron_seed.data import TrajectoryRecord
 from megatron_seed.data.records import Status
 from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task
 
+MOVE_AT = 4  # an episode leaves an engine that holds this many more requests than another
+ANALYZE_BELOW = 2  # analyses go to an engine playing at most this many episode turns
+# an engine's `advance` returns this long after its first request finished (or when none is
+# left): the replies that finish close together come back in one round trip
+LINGER_S = 0.02
+
 
 @dataclass
 class _Request:
@@ -51,8 +66,11 @@ class FleetStream:
     """Requests to a fleet's engines, each sent to a chosen engine as soon as it is ready,
     results as each request finishes (one `advance` call in flight per engine)."""
 
-    def __init__(self, fleet: Any, timeout_s: float | None = None) -> None:
+    def __init__(
+        self, fleet: Any, timeout_s: float | None = None, linger_s: float = LINGER_S
+    ) -> None:
         self.fleet = fleet
+        self.linger_s = linger_s
         self.num_engines = int(fleet.num_engines)
         self.timeout_s = float(timeout_s or getattr(fleet, "request_timeout_s", 600.0))
         self._queued: list[list[_Request]] = [[] for _ in range(self.num_engines)]
@@ -70,9 +88,18 @@ class FleetStream:
             if e in busy or not (self._queued[e] or self._sent[e]):
                 continue
             new, self._queued[e] = self._queued[e], []
-            ref = self.fleet.advance(e, [(r.key, r.ids, r.spec, r.offset) for r in new])
+            requests = [(r.key, r.ids, r.spec, r.offset) for r in new]
+            ref = self.fleet.advance(e, requests, self.linger_s)
             self._sent[e].update({r.key: r for r in new})
             self._calls[ref] = (e, time.monotonic())
+
+    def load(self, kind: str | None = None) -> list[int]:
+        """Requests queued or in flight per engine (only those whose key starts with
+        `kind`, when given)."""
+        return [
+            sum(kind is None or r.key[0] == kind for r in (*q, *s.values()))
+            for q, s in zip(self._queued, self._sent, strict=True)
+        ]
 
     def refs(self) -> list[Any]:
         """The object refs of the calls in flight."""
@@ -129,8 +156,9 @@ class AnalysisPlan:
 
     tokenizer: builds the analyzer prompts (`rollout.analyzer.request_ids`);
     max_prompt_tokens: the longest analyzer prompt the engines' context allows;
-    select: which finished records to analyse (`rollout.analyzer.selector`): called with
-        the records of one task's group once all of them have ended.
+    select: which finished records to analyse (`rollout.analyzer.selected`): called with
+        the records of one task's group once all of them have ended; None: every trainable
+        record, each as soon as its episode ends.
     """
 
     tokenizer: Any
@@ -215,16 +243,21 @@ class _Overlap:
         self.group_size = group_size
         self.records: list[TrajectoryRecord | None] = [None] * n
         self.by_env = {ep.env_id: i for i, ep in enumerate(self.episodes)}
-        # contiguous blocks of episodes per engine, as the synchronous fleet splits a batch;
-        # an episode stays on its engine (its prefix cache holds the episode's chat)
-        self.engine_of = [i * self.stream.num_engines // max(1, n) for i in range(n)]
+        # a group's samples spread over the engines; an episode stays on its engine (whose
+        # prefix cache holds its chat) unless that engine has fallen behind (`_engine`)
+        self.engine_of = [
+            (i // group_size) % self.stream.num_engines for i in range(n)
+        ]  # a task's samples together
+        self.backlog: list[tuple[int, Any, list[int]]] = []  # analyses waiting for room
+        self.live = n  # episodes not ended yet
         self.last_end = start
         for i, ep in enumerate(self.episodes):
             if ep.done:
                 self._end(i)
             else:
                 self._ask(i)
-        while not self.stream.idle or self.pending_env:
+        while not self.stream.idle or self.pending_env or self.backlog:
+            self._feed()
             self.stream.pump()
             self._wait_one()
         done = time.perf_counter()
@@ -272,7 +305,17 @@ class _Overlap:
             return
         self.prompts[i] = ids
         offset = i + len(self.episodes) * len(ep.turns)  # distinct per (episode, turn)
-        self.stream.submit(self.engine_of[i], ("act", i), ids, self.spec, offset)
+        self.stream.submit(self._engine(i), ("act", i), ids, self.spec, offset)
+
+    def _engine(self, i: int) -> int:
+        """The engine for episode `i`'s next request: its own, unless that one holds
+        `MOVE_AT` more requests than the least loaded engine (then the episode moves there:
+        one prefill of its chat buys a balanced fleet while the other episodes end)."""
+        load = self.stream.load()
+        own, least = self.engine_of[i], min(range(len(load)), key=load.__getitem__)
+        if load[own] - load[least] >= MOVE_AT:
+            self.engine_of[i] = least
+        return self.engine_of[i]
 
     def _generated(self, done: list[tuple[Any, Any]]) -> None:
         actions: dict[int, str] = {}
@@ -314,8 +357,14 @@ class _Overlap:
 
     def _end(self, i: int) -> None:
         self.records[i] = self.loop._record(self.episodes[i])
+        self.live -= 1
         self.last_end = time.perf_counter()
         if self.analysis is None:
+            return
+        if self.analysis.select is None:  # every trainable episode, as soon as it ends
+            record = self.records[i]
+            if record.status.trainable and record.turns:  # type: ignore[union-attr]
+                self._analyse(i)
             return
         first = i - i % self.group_size
         group = self.records[first : first + self.group_size]
@@ -352,9 +401,23 @@ class _Overlap:
             error = Generation(error="analyzer prompt exceeds the engine's context")
             absorb_reply(request, self.results[i], error, self.analysis.cfg, self.rules)
             return
-        self.asked[i] = (request, len(ids))
-        offset = i + len(self.episodes) * request.attempt
-        self.stream.submit(self.engine_of[i], ("analyze", i), ids, self.analysis_spec, offset)
+        self.backlog.append((i, request, ids))
+
+    def _feed(self) -> None:
+        """Send waiting analyses to engines with room (see the module docstring)."""
+        if not self.backlog:
+            return
+        turns = self.stream.load("act")
+        room = [e for e, t in enumerate(turns) if t <= ANALYZE_BELOW or self.live == 0]
+        if not room:
+            return
+        for i, request, ids in self.backlog:
+            own = self.engine_of[i]
+            engine = own if own in room else min(room, key=turns.__getitem__)
+            self.asked[i] = (request, len(ids))
+            offset = i + len(self.episodes) * request.attempt
+            self.stream.submit(engine, ("analyze", i), ids, self.analysis_spec, offset)
+        self.backlog = []
 
     def _analysed(self, i: int, gen: Any, error: str | None = None) -> None:
         from megatron_seed.skills.parse import Generation, absorb_reply

@@ -106,6 +106,9 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
         tail = [u["overlap/analysis_tail_s"] for u in updates if "overlap/analysis_tail_s" in u]
         if tail:
             med["analysis_tail"] = statistics.median(tail)
+        # the work itself: the policies of SEED and GRPO differ from the second update on
+        for key in ("rollout/turns", "rollout/generated_tokens", "analyze/completion_tokens"):
+            med[key] = statistics.median(u.get(key, 0.0) for u in updates)
         medians[name] = med
     work = {name: m["work"] for name, m in medians.items()}
     ratios = {
@@ -124,5 +127,10 @@ def print_summary(result: dict[str, Any]) -> None:
     print(f"{'variant':14s}" + "".join(f"{c:>11s}" for c in cols) + "   (seconds, median)")
     for name, med in result["medians"].items():
         print(f"{name:14s}" + "".join(f"{med[c]:11.2f}" for c in cols))
+    print(f"{'variant':14s}{'turns':>11s}{'act tokens':>11s}{'skill tok':>11s}   (median)")
+    for name, med in result["medians"].items():
+        counts = [med[k] for k in ("rollout/turns", "rollout/generated_tokens")]
+        counts.append(med["analyze/completion_tokens"])
+        print(f"{name:14s}" + "".join(f"{c:11.0f}" for c in counts))
     for name, value in result["ratios"].items():
         print(f"  {name:22s} {value:5.2f}x")

@@ -160,7 +160,9 @@ class FakeEngineActor:
         self.asleep -= set(tags)
         self._log("wake:" + "+".join(tags))
 
-    def advance(self, requests: list[tuple[Any, list[int], Any, int]]) -> list[tuple[Any, Any]]:
+    def advance(
+        self, requests: list[tuple[Any, list[int], Any, int]], linger_s: float = 0.0
+    ) -> list[tuple[Any, Any]]:
         """The streaming call (`VLLMEngine.advance`) with instant replies: every request is
         answered in the order it came, one per call (the oldest first), with a generation
         derived from its prompt (`fake_reply`). `fake_die_after` ({slot: n}): the first

@@ -28,9 +28,9 @@ class RecordingFleet:
         self.sent: list[tuple[int, tuple, list[int]]] = []  # (engine, key, prompt ids)
         self.calls: list = []
 
-    def advance(self, engine, requests):
+    def advance(self, engine, requests, linger_s=0.0):
         self.sent += [(engine, key, list(ids)) for key, ids, _, _ in requests]
-        ref = self.fleet.advance(engine, requests)
+        ref = self.fleet.advance(engine, requests, linger_s)
         self.calls.append(ref)
         return ref
 
@@ -101,7 +101,6 @@ def test_every_turn_carries_the_engines_sampled_ids_and_logprobs(played):
             prompts.setdefault(i, []).append((engine, ids))
     for i, record in enumerate(records):
         assert len(prompts[i]) == len(record.turns)
-        assert len({engine for engine, _ in prompts[i]}) == 1  # an episode keeps its engine
         for t, turn in enumerate(record.turns):
             gen = answers[(i, t)]
             assert turn.action_ids == list(gen.token_ids) and turn.logprobs == list(gen.logprobs)
@@ -130,11 +129,9 @@ def test_every_skill_comes_from_its_own_episode(played):
     )
     trainable = [i for i, r in enumerate(records) if r.status.trainable and r.turns]
     assert sorted(r.index for r in results) == trainable  # each analysed once
-    engine_of = {i: e for e, (kind, i), _ in fleet.sent if kind == "act"}
     first_ask = {}
-    for engine, (kind, i), ids in fleet.sent:
+    for _, (kind, i), ids in fleet.sent:
         if kind == "analyze":
-            assert engine == engine_of[i]  # the engine whose prefix cache holds the episode
             first_ask.setdefault(i, ids)
     last_reply = {i: gen.text for (kind, i), gen in played["replies"] if kind == "analyze"}
     for res in results:

@@ -1,0 +1,41 @@
+"""`seed bench phases`' summary: per-phase medians over updates and the ratios the
+overlap target is stated in, from hand-made metrics rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_seed.testbed.bench_phases import VARIANTS, summarize
+
+
+def _row(rollout: float, analyze: float, train: float, **extra: float) -> dict[str, float]:
+    row = {"time/rollout": rollout, "time/train": train, "time/sync": 1.0, **extra}
+    if analyze:
+        row["time/analyze"] = analyze
+    return row
+
+
+def test_medians_and_ratios_by_hand():
+    rows = {
+        "grpo/sync": [_row(10, 0, 2), _row(12, 0, 2), _row(30, 0, 2)],  # work 12, 14, 32
+        "seed/sync": [_row(10, 5, 3), _row(11, 4, 3), _row(9, 6, 3)],  # 18, 18, 18
+        "grpo/overlap": [_row(9, 0, 2), _row(10, 0, 2), _row(11, 0, 2)],  # 11, 12, 13
+        "seed/overlap": [
+            _row(12, 0, 3, **{"overlap/analysis_tail_s": 1.0}),
+            _row(11, 0, 3, **{"overlap/analysis_tail_s": 3.0}),
+            _row(13, 0, 3, **{"overlap/analysis_tail_s": 2.0}),
+        ],  # 15, 14, 16
+    }
+    assert set(rows) == set(VARIANTS)
+    result = summarize(rows)
+    med = result["medians"]
+    assert med["grpo/sync"]["rollout"] == 12 and med["grpo/sync"]["work"] == 14
+    assert med["seed/sync"]["analyze"] == 5 and med["seed/sync"]["work"] == 18
+    assert med["seed/overlap"]["analysis_tail"] == 2.0 and "analysis_tail" not in med["grpo/sync"]
+    assert med["seed/overlap"]["sync"] == 1.0
+    ratios = result["ratios"]
+    assert ratios["seed/grpo sync"] == pytest.approx(18 / 14)
+    assert ratios["seed/grpo overlap"] == pytest.approx(15 / 12)
+    assert ratios["grpo overlap/sync"] == pytest.approx(12 / 14)
+    assert ratios["seed overlap/sync"] == pytest.approx(15 / 18)
+    assert result["updates"] == {name: 3 for name in VARIANTS}
