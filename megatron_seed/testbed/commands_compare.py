@@ -7,7 +7,9 @@ so they start from the same place and see the same tasks, skills and evaluation 
 methods are `megatron_seed.methods`' (every row of the paper's Table 1, its Table-2
 ablations, seed-replay); the baselines start from the base policy, SEED from its own Stage-1
 SFT. A method evaluated with skills adds its starred row. The side-by-side table goes to
-OUT/compare.md and OUT/compare.json; re-running resumes.
+OUT/compare.md and OUT/compare.json; re-running resumes. `--merge DIR ...` runs nothing and
+writes one table from earlier comparisons' compare.json (seeds run apart, e.g. one per
+machine or session).
 
 Every cell is the mean over seeds with its 95 % interval (`testbed.stats`: Student's t over
 seeds; with one seed, Wilson's interval over that seed's episodes) and the number of episodes
@@ -22,6 +24,7 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 from megatron_seed.errors import output_dir
 from megatron_seed.methods import METHODS
@@ -47,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skill-library", default=None, help="a family library folder (default: built)"
     )
     parser.add_argument("--out", default=None, help="default runs/compare[-ENV]")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="run nothing: merge the compare.json of earlier comparisons (each its own "
+        "seeds, e.g. one seed per session) into one table in --out",
+    )
 
 
 def cell(rates: list[float], episodes: list[int]) -> str:
@@ -92,6 +103,9 @@ def difference_lines(results: dict[str, list[dict]], split: str) -> list[str]:
     for m in (m for m in methods if m != ref):
         a = [r[split]["macro_avg"] for r in results[m]]
         b = [r[split]["macro_avg"] for r in results[ref]]
+        if len(a) != len(b):  # merged comparisons where one of the two was not run
+            lines.append(f"- {m} − {ref}: n/a ({len(a)} vs {len(b)} seeds)")
+            continue
         mean, half, real = paired_difference(a, b)
         mark = "" if real else " ~ (not distinguishable from noise)"
         width = "n/a (one seed)" if half != half else f"{100 * half:.1f}"
@@ -162,13 +176,35 @@ def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run every (method, seed) job, then write the side-by-side table."""
-    from megatron_seed.testbed.default_job import run_default_job
+def merge_summaries(paths: list[Path]) -> dict[str, Any]:
+    """One summary from the compare.json of several comparisons: per method the runs of
+    every input, in input order (a method an input lacks has fewer runs); seeds likewise."""
+    merged: dict[str, Any] = {"results": {}, "seconds": {}, "skills": {}, "seeds": []}
+    for path in paths:
+        file = path / "compare.json" if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"no compare.json at {path}")
+        summary = json.loads(file.read_text())
+        for key in ("results", "seconds", "skills"):
+            for label, runs in summary.get(key, {}).items():
+                merged[key].setdefault(label, []).extend(runs)
+        merged["seeds"].extend(summary.get("seeds", []))
+    return merged
 
+
+def run(args: argparse.Namespace) -> int:
+    """Run every (method, seed) job (or `--merge` earlier ones), then write the side-by-side
+    table."""
     out = output_dir(
         args.out or ("runs/compare" + ("" if args.env == "alfworld" else f"-{args.env}"))
     )
+    if args.merge:
+        merged = merge_summaries([Path(p) for p in args.merge])
+        seeds = merged["seeds"] or args.merge
+        summary = (merged["results"], merged["seconds"], merged["skills"])
+        return write_summary(out, *summary, args.env, "quick" if args.quick else "full", seeds)
+    from megatron_seed.testbed.default_job import run_default_job
+
     results: dict[str, list[dict]] = {}
     seconds: dict[str, list[dict[str, float]]] = {}
     skills: dict[str, list[list[dict[str, float]]]] = {}
@@ -197,16 +233,30 @@ def run(args: argparse.Namespace) -> int:
             if method == args.methods[0]:
                 baseline.append(evals["Base (Vanilla)"])
     results = {"Base (Vanilla)": baseline, **results}
-    title = " vs ".join(results)
     size = "quick" if args.quick else "full"
-    lines = [f"# {title} on {args.env} ({size} size, seeds {args.seeds})", ""]
+    return write_summary(out, results, seconds, skills, args.env, size, list(args.seeds))
+
+
+def write_summary(
+    out: Path,
+    results: dict[str, list[dict]],
+    seconds: dict[str, list[dict[str, float]]],
+    skills: dict[str, list[list[dict[str, float]]]],
+    env: str,
+    size: str,
+    seeds: list[Any],
+) -> int:
+    """OUT/compare.md (the tables) and OUT/compare.json (what they were made from)."""
+    out.mkdir(parents=True, exist_ok=True)
+    title = " vs ".join(results)
+    lines = [f"# {title} on {env} ({size} size, seeds {seeds})", ""]
     lines += [
         "Success (%): mean over seeds ± the 95 % t interval (one seed, or the same rate from "
         "every seed: [Wilson's interval] over the pooled episodes), episodes in parentheses.",
         "",
     ]
     for split in ("seen", "unseen", "train"):
-        lines += [f"## {split}", "", compare_table(results, split, args.env), ""]
+        lines += [f"## {split}", "", compare_table(results, split, env), ""]
         lines += [*difference_lines(results, split), ""]
     if seconds:
         lines += ["## seconds per Stage-2 update (median over updates 2..)", ""]
@@ -215,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         lines += ["## the policy's own skills per Stage-2 update (mean over seeds)", ""]
         lines += [table, ""]
     (out / "compare.md").write_text("\n".join(lines))
-    summary = {"results": results, "seconds": seconds, "skills": skills}
+    summary = {"results": results, "seconds": seconds, "skills": skills, "seeds": seeds}
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n".join(lines))
     return 0

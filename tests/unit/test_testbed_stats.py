@@ -72,3 +72,36 @@ def test_compare_cells_and_differences():
     assert "| SEED | 60.0 ± 24.8 (24) | –" in table and "| GRPO | 40.0 [24, 61] (24)" in table
     (line,) = difference_lines(results, "train")
     assert line == "- SEED − GRPO: +20.0 ± 24.8 points ~ (not distinguishable from noise)"
+
+
+def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
+    """`seed compare --merge`: two one-seed comparisons become one two-seed table."""
+    import json
+
+    from megatron_seed.cli import main
+    from megatron_seed.testbed.commands_compare import merge_summaries
+
+    def result(avg: float) -> dict:
+        split = {"macro_avg": avg, "episodes": 48, "per_family": {"pick": avg}}
+        split["per_family_episodes"] = {"pick": 48}
+        return {s: split for s in ("seen", "unseen", "train")}
+
+    for seed, (seed_avg, grpo_avg) in enumerate([(0.5, 0.25), (0.75, 0.5)]):
+        folder = tmp_path / f"s{seed}"
+        folder.mkdir()
+        summary = {"results": {"SEED": [result(seed_avg)], "GRPO": [result(grpo_avg)]}}
+        summary.update(seconds={}, skills={}, seeds=[seed])
+        (folder / "compare.json").write_text(json.dumps(summary))
+    merged = merge_summaries([tmp_path / "s0", tmp_path / "s1"])
+    assert merged["seeds"] == [0, 1] and len(merged["results"]["SEED"]) == 2
+    out = tmp_path / "merged"
+    code = main(
+        ["compare", "--merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(out)]
+    )
+    assert code == 0
+    text = (out / "compare.md").read_text()
+    assert "seeds [0, 1]" in text
+    assert "| SEED | 62.5 ± 158.8 (96) |" in text  # sd 0.177 / sqrt(2) * t(1) 12.71
+    assert "- SEED − GRPO: +25.0 ± 0.0 points" in text  # the same gain on both seeds
+    with pytest.raises(FileNotFoundError):
+        merge_summaries([tmp_path / "nothing"])
