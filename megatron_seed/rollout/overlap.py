@@ -197,7 +197,8 @@ def play_overlapped(
     analysis: AnalysisPlan | None = None,
 ) -> tuple[list[TrajectoryRecord], RolloutStats, list[Any], OverlapTiming]:
     """Play `group_size` episodes of every task with episodes advancing independently and
-    (with `analysis`) each selected episode analysed as soon as its group is complete.
+    (with `analysis`) every trainable episode analysed once it ended (with a `select`
+    rule: the chosen ones, once their group ended), as engines have room.
 
     Returns (one record per episode in task order, rollout counts, the `AnalysisResult` of
     every analysed record in record order, timing). The records' `skill`/`analysis` are not
@@ -243,11 +244,9 @@ class _Overlap:
         self.group_size = group_size
         self.records: list[TrajectoryRecord | None] = [None] * n
         self.by_env = {ep.env_id: i for i, ep in enumerate(self.episodes)}
-        # a group's samples spread over the engines; an episode stays on its engine (whose
-        # prefix cache holds its chat) unless that engine has fallen behind (`_engine`)
-        self.engine_of = [
-            (i // group_size) % self.stream.num_engines for i in range(n)
-        ]  # a task's samples together
+        # a task's samples on one engine (one prefill of their common first prompt); an
+        # episode stays there (its chat is in that prefix cache) unless `_engine` moves it
+        self.engine_of = [(i // group_size) % self.stream.num_engines for i in range(n)]
         self.backlog: list[tuple[int, Any, list[int]]] = []  # analyses waiting for room
         self.live = n  # episodes not ended yet
         self.last_end = start
