@@ -48,6 +48,8 @@ def played(tmp_path_factory):
 
     root = make_tiny_world(tmp_path_factory.mktemp("overlap"), n_games=3)
     os.environ["PYTHONPATH"] = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    if ray.is_initialized():  # another module's Ray, without this PYTHONPATH
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="ray_ov_"))
     cfg = recipes.get("tiny").config.with_changes(
         {
