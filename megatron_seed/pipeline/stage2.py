@@ -320,18 +320,12 @@ def _analyzes(cfg: SeedConfig) -> bool:
 
 def _analysis_plan(run: Run) -> Any:
     """What `rollout.overlap` needs to analyse episodes as they end (None: no analyzer)."""
-    from megatron_seed.rollout.analyzer import selected
     from megatron_seed.rollout.overlap import AnalysisPlan
 
     cfg = run.cfg
     if not _analyzes(cfg):
         return None
-    return AnalysisPlan(
-        run.tokenizer,
-        cfg.skill,
-        run.side.session.analyzer_prompt_limit(),
-        None if cfg.skill.select == "all" else lambda group: selected(group, cfg.skill.select),
-    )
+    return AnalysisPlan(run.tokenizer, cfg.skill, run.side.session.analyzer_prompt_limit())
 
 
 def _overlapped_analysis(records: list[TrajectoryRecord], results: list[Any]) -> dict[str, float]:
@@ -462,12 +456,8 @@ def update(run: Run) -> dict[str, Any]:
         metrics.update(m)
     else:
         busy = _busy(run)
-        with timer.time("rollout"):
-            records, m = rollout(run)
-            metrics.update(m)
-        if cfg.algo.use_opd and not (cfg.rollout.overlap and _analyzes(cfg)):
-            with timer.time("analyze"):
-                metrics.update(analyze(run, records))
+        records, m = play_and_analyze(run, timer)
+        metrics.update(m)
         metrics.update(_accounting(busy, _busy(run), timer))
     if cfg.rollout.one_step_off:
         with timer.time("staleness"):
@@ -489,6 +479,24 @@ def update(run: Run) -> dict[str, Any]:
     return metrics
 
 
+def play_and_analyze(
+    run: Run,
+    timer: PhaseTimer,
+    step: int | None = None,
+    position: int | None = None,
+    version: int | None = None,
+) -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
+    """The `rollout` phase (see `rollout` for the arguments), then the `analyze` phase
+    unless the overlapped rollout already analysed the episodes as they ended."""
+    cfg = run.cfg
+    with timer.time("rollout"):
+        records, metrics = rollout(run, step, position, version)
+    if cfg.algo.use_opd and not (cfg.rollout.overlap and _analyzes(cfg)):
+        with timer.time("analyze"):
+            metrics.update(analyze(run, records))
+    return records, metrics
+
+
 def _play_ahead(run: Run) -> Future | None:
     """One-step-off (rank 0): start the next update's rollout and analysis in a thread,
     on the weights the engines hold now (the trainer's before this update's step)."""
@@ -502,11 +510,7 @@ def _play_ahead(run: Run) -> Future | None:
 
     def play() -> tuple[list[TrajectoryRecord] | None, dict[str, float]]:
         timer = PhaseTimer()
-        with timer.time("rollout"):
-            records, metrics = rollout(run, step, position, version)
-        if cfg.algo.use_opd and not (cfg.rollout.overlap and _analyzes(cfg)):
-            with timer.time("analyze"):
-                metrics.update(analyze(run, records))
+        records, metrics = play_and_analyze(run, timer, step, position, version)
         metrics.update({f"ahead/{k}_s": v for k, v in timer.seconds.items()})
         return records, metrics
 

@@ -250,10 +250,6 @@ class VLLMEngine:
         self.busy_s += time.perf_counter() - start
         return finished
 
-    def in_flight(self) -> int:
-        """Requests added by `advance` and not yet returned."""
-        return len(self._in_flight)
-
     def _to_generation(self, out: Any) -> Generation:
         ids = list(out.token_ids)
         if out.logprobs is None or len(out.logprobs) != len(ids):

@@ -38,7 +38,6 @@ error, as in the synchronous path.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,6 +45,7 @@ from megatron_seed.config import SkillConfig
 from megatron_seed.data import TrajectoryRecord
 from megatron_seed.data.records import Status
 from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task
+from megatron_seed.rollout.analyzer import selected
 
 MOVE_AT = 4  # an episode leaves an engine that holds this many more requests than another
 ANALYZE_BELOW = 2  # analyses go to an engine playing at most this many episode turns
@@ -155,16 +155,15 @@ class AnalysisPlan:
     """How the episodes that end are analysed while the others play.
 
     tokenizer: builds the analyzer prompts (`rollout.analyzer.request_ids`);
-    max_prompt_tokens: the longest analyzer prompt the engines' context allows;
-    select: which finished records to analyse (`rollout.analyzer.selected`): called with
-        the records of one task's group once all of them have ended; None: every trainable
-        record, each as soon as its episode ends.
+    cfg: the analysis settings; `cfg.select` picks the records to analyse
+        (`rollout.analyzer.selected`): "all", each trainable one as soon as its episode
+        ends; another rule, among a task's group once all of it has ended;
+    max_prompt_tokens: the longest analyzer prompt the engines' context allows.
     """
 
     tokenizer: Any
     cfg: SkillConfig
     max_prompt_tokens: int | None = None
-    select: Callable[[list[TrajectoryRecord]], list[bool]] | None = None
 
 
 @dataclass
@@ -360,21 +359,17 @@ class _Overlap:
         self.last_end = time.perf_counter()
         if self.analysis is None:
             return
-        if self.analysis.select is None:  # every trainable episode, as soon as it ends
-            record = self.records[i]
-            if record.status.trainable and record.turns:  # type: ignore[union-attr]
+        rule = self.analysis.cfg.select
+        if rule == "all":  # every trainable episode, as soon as it ends
+            if selected([self.records[i]])[0]:  # type: ignore[list-item]
                 self._analyse(i)
             return
         first = i - i % self.group_size
         group = self.records[first : first + self.group_size]
         if any(r is None for r in group):
             return  # the selection sees the whole group
-        chosen = [r.status.trainable and bool(r.turns) for r in group]  # type: ignore[union-attr]
-        if self.analysis.select is not None:
-            picked = self.analysis.select(group)  # type: ignore[arg-type]
-            chosen = [c and p for c, p in zip(chosen, picked, strict=True)]
-        for j, c in enumerate(chosen):
-            if c:
+        for j, chosen in enumerate(selected(group, rule)):  # type: ignore[arg-type]
+            if chosen:
                 self._analyse(first + j)
 
     # ------------------------------------------------------------ analyses
