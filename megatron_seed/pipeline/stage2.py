@@ -536,10 +536,17 @@ def staleness(run: Run, records: list[TrajectoryRecord] | None) -> dict[str, flo
         sample = [r for r in records if r.skill][: cfg.rollout.staleness_sample]
         fresh: list[TrajectoryRecord] = []
         if lag > 0 and sample and _analyzes(cfg):
+            from megatron_seed.rollout.analyzer import analyze_records
+
             fresh = [copy.deepcopy(r) for r in sample]
             for r in fresh:
                 r.skill, r.analysis = None, None
-            analyze(run, fresh)
+            session = run.side.session
+            # every sampled trajectory, whatever `skill.select` picked for training
+            every = dataclasses.replace(cfg.skill, select="all")
+            analyze_records(
+                session.fleet, run.tokenizer, fresh, every, session.analyzer_prompt_limit()
+            )
         pairs = [(old, new) for old, new in zip(sample, fresh, strict=False) if new.skill]
         payload = (lag, pairs)
     lag, pairs = _broadcast(payload)
