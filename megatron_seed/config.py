@@ -207,6 +207,12 @@ class RolloutConfig(_Checked):
     # episodes advance independently and each finished episode is analysed while the
     # others play (`rollout.overlap`); off: the turn-synchronous loop, then the analysis
     overlap: bool = False
+    # how the overlapped loop drives the engines (`rollout.overlap`): "free", continuous
+    # batching (an engine returns each reply as it finishes and decodes analyses whenever it
+    # holds some); "paced", each engine paired with an env worker and run turn by turn, its
+    # analyses decoded in the steps its episodes' turns take anyway (for engines that share
+    # CPU cores with the environments); "auto": paced when the engines run on CPUs
+    overlap_pacing: Literal["auto", "free", "paced"] = "auto"
     # one-step-off updates: the rollouts (and analyses) of update k+1 run while update k
     # trains, with the weights of update k (theta_old one update behind the trainer); each
     # update re-analyses `staleness_sample` of its trajectories with the current weights

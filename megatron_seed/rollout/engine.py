@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,19 +210,25 @@ class VLLMEngine:
         )
 
     def advance(
-        self, requests: list[tuple[Any, list[int], SamplingSpec, int]], linger_s: float = 0.0
+        self,
+        requests: list[tuple[Any, list[int], SamplingSpec, int]],
+        linger_s: float = 0.0,
+        until_done: Collection[Any] = (),
     ) -> list[tuple[Any, Generation]]:
         """Continuous batching under the caller's control: add `requests` (key, prompt ids,
         spec, seed offset) to the running batch, then run scheduler steps until at least one
         request has finished, and on for up to `linger_s` more seconds while others are in
         flight (fewer round trips when many finish close together); return the finished
-        (key, Generation) pairs.
+        (key, Generation) pairs. With `until_done` (keys), step instead until none of those
+        keys is in flight any more (a batch run to its end, as one turn of the synchronous
+        loop; whatever else finished meanwhile comes back too).
 
         Requests added between two calls join the batch in flight (vLLM's scheduler admits
         them at its next step), so a driver can keep the engine busy with whatever work is
         ready: the next turn of an episode whose environment just answered, the analysis of
-        an episode that just ended. `generate` is refused while requests are in flight
-        (its run-to-completion loop would swallow their outputs).
+        an episode that just ended. Between calls the engine does not step: a request in
+        flight waits, with its KV cache, for the next call. `generate` is refused while
+        requests are in flight (its run-to-completion loop would swallow their outputs).
         """
         from vllm.inputs import TokensPrompt
 
@@ -234,11 +240,17 @@ class VLLMEngine:
             for (key, *_), rid in zip(requests, internal, strict=True):
                 # outputs carry the external id: the internal one less its random suffix
                 self._in_flight[rid.split("-", 1)[0]] = key
+        wait = set(until_done) & set(self._in_flight.values())
         finished: list[tuple[Any, Generation]] = []
         start = time.perf_counter()
         engine = self.llm.llm_engine
         first: float | None = None  # when the first request finished
-        while self._in_flight and (first is None or time.perf_counter() - first < linger_s):
+        while self._in_flight:
+            if wait:
+                if not wait & set(self._in_flight.values()):
+                    break
+            elif first is not None and time.perf_counter() - first >= linger_s:
+                break
             for out in engine.step():
                 if out.finished and out.request_id in self._in_flight:
                     key = self._in_flight.pop(out.request_id)

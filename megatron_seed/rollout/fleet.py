@@ -40,6 +40,7 @@ restarts engines; a connected client raises.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -111,6 +112,9 @@ class _EngineActor:
     def ready(self) -> int:
         return os.getpid()
 
+    def on_gpu(self) -> bool:
+        return bool(self.engine.on_gpu)
+
     def node(self) -> tuple[str, str]:
         import ray
 
@@ -127,9 +131,12 @@ class _EngineActor:
         return self.engine.prompt_logprobs(sequences)
 
     def advance(
-        self, requests: list[tuple[Any, list[int], SamplingSpec, int]], linger_s: float = 0.0
+        self,
+        requests: list[tuple[Any, list[int], SamplingSpec, int]],
+        linger_s: float = 0.0,
+        until_done: list[Any] | None = None,
     ) -> list[Any]:
-        return self.engine.advance(requests, linger_s)
+        return self.engine.advance(requests, linger_s, until_done or ())
 
     def busy_seconds(self) -> float:
         return self.engine.busy_s
@@ -588,6 +595,14 @@ class Fleet:
         """Number of engine slots."""
         return len(self._engines)
 
+    @functools.cached_property
+    def on_gpu(self) -> bool:
+        """Whether the engines run on GPUs (asked of engine 0 once); on CPUs they share the
+        machine's cores with the env workers (`rollout.overlap` paces them then)."""
+        import ray
+
+        return bool(ray.get(self._engines[0].on_gpu.remote(), timeout=self.request_timeout_s))
+
     @property
     def address(self) -> FleetAddress:
         """Pass to another process (picklable); there: `Fleet.connect(address)`."""
@@ -843,13 +858,15 @@ class Fleet:
         engine: int,
         requests: list[tuple[Any, list[int], SamplingSpec, int]],
         linger_s: float = 0.0,
+        until_done: list[Any] | None = None,
     ) -> Any:
         """Engine `engine` adds `requests` (key, prompt ids, spec, seed offset) to its running
-        batch and steps until one of its requests finishes (and `linger_s` on): the object
+        batch and steps until one of its requests finishes (and `linger_s` on), or with
+        `until_done` until none of those keys is in flight: the object
         ref of the finished (key, Generation) pairs (`VLLMEngine.advance`;
         `rollout.overlap.FleetStream` drives it). No recovery here: a caller that sees the
         engine die calls `restart`."""
-        return self._engines[engine].advance.remote(requests, linger_s)
+        return self._engines[engine].advance.remote(requests, linger_s, until_done)
 
     def restart(self, engine: int, reason: str) -> None:
         """Replace a dead or hung engine (the last synced weights replayed into it): its

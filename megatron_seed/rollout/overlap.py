@@ -4,23 +4,36 @@
 The turn-synchronous loop (`AgentLoop.run`) sends every live episode's prompt in one batch,
 waits for the slowest reply, then steps every environment while the engines idle; the
 analysis (`rollout.analyzer`) starts only after the last episode has ended. Here one driver
-keeps each engine's running batch fed through vLLM's continuous batching
-(`VLLMEngine.advance`: add requests, step until one finishes):
+feeds each engine's running batch through vLLM's continuous batching (`VLLMEngine.advance`:
+add requests, step until one, or a given set, has finished):
 
 - an episode's next prompt goes to its engine as soon as its environment step returns;
 - the actions one `advance` returned go to the env workers together (one call per worker);
-- a finished episode's analyzer request (and the retry of an unparseable reply) joins a
-  backlog that goes out as soon as an engine has room: one playing at most
-  `ANALYZE_BELOW` episode turns, or any engine once every episode has ended. The episodes
-  are the update's critical path (each turn waits for its decode); an analysis is not
-  needed before the last episode ends, so it fills the capacity the episodes leave: the
-  gaps while environments step, the engine whose group has ended, the stragglers' tail.
-  It goes to the episode's own engine when that one has room (in the `continuation`
-  layout its prompt starts with the episode's chat, which that engine's prefix cache
-  holds);
-- a task's samples share an engine (their first prompt is the same: one prefill), and an
-  episode moves to another engine only when its own holds `MOVE_AT` more requests than
-  the least loaded one (groups end at different times).
+- a finished episode's analyzer request (and the retry of an unparseable reply) goes to
+  the episode's own engine (in the `continuation` layout its prompt starts with the
+  episode's chat, which that engine's prefix cache holds). The episodes are the update's
+  critical path; an analysis is not needed before the last episode ends, so it fills the
+  capacity the episodes leave.
+
+How the engines are driven (`rollout.overlap_pacing`):
+
+- **free** (engines with their own accelerators): an engine returns replies as they finish
+  (`LINGER_S` after the first) and takes new requests at once; a task's samples share an
+  engine (their first prompt is the same: one prefill), and an episode moves to another
+  engine when its own holds `MOVE_AT` more requests than the least loaded one (groups end
+  at different times). Analyses wait in a backlog until an engine plays at most
+  `ANALYZE_BELOW` episode turns (or every episode has ended), then decode whenever their
+  engine steps.
+- **paced** (engines on the CPU cores the environments use): engine w mod E serves the
+  episodes of env worker w, and each call runs its episodes' turn to the end of the batch, so
+  every (engine, worker) pair alternates between one batched decode and one batched env
+  step, as the synchronous loop does, while the pairs no longer wait for each other. An
+  engine whose episodes are stepping their environments does not step at all: its
+  analyses wait in the batch, with their KV cache, and decode in the steps of the next
+  turn (nearly free: a decode step's cost barely grows with the batch on CPU); once its
+  episodes have all ended, it decodes the rest alone. Measured on 2 cores: free
+  continuous batching doubles the engines' decode steps (and CPU) for the same tokens
+  (docs/benchmarks.md).
 
 What stays exact: every turn stores the very ids the engine sampled and their log-probs
 (`AgentLoop._act`, shared with the synchronous loop), and each analysis request is built
@@ -38,6 +51,7 @@ error, as in the synchronous path.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -47,10 +61,12 @@ from megatron_seed.data.records import Status
 from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task
 from megatron_seed.rollout.analyzer import selected
 
-MOVE_AT = 4  # an episode leaves an engine that holds this many more requests than another
-ANALYZE_BELOW = 2  # analyses go to an engine playing at most this many episode turns
-# an engine's `advance` returns this long after its first request finished (or when none is
-# left): the replies that finish close together come back in one round trip
+# free pacing: an episode leaves an engine that holds this many more requests than another
+MOVE_AT = 4
+ANALYZE_BELOW = 2  # free pacing: analyses go to an engine playing at most this many turns
+# free pacing (and analyses alone): an engine's `advance` returns this long after its first
+# request finished (or when none is left): replies that finish close together come back in
+# one round trip
 LINGER_S = 0.02
 
 
@@ -81,15 +97,21 @@ class FleetStream:
         """Queue one request for `engine` (sent at the next `pump`)."""
         self._queued[engine].append(_Request(key, ids, spec, offset))
 
-    def pump(self) -> None:
-        """Call `advance` on every engine that has work and no call in flight."""
+    def pump(self, hold: Collection[int] = (), drain: str | None = None) -> None:
+        """Call `advance` on every engine that has work, no call in flight and is not in
+        `hold`. With `drain` (a key kind), each call runs until every request of that kind
+        its engine holds has finished (its batch run to the end, like a synchronous turn)."""
         busy = {e for e, _ in self._calls.values()}
         for e in range(self.num_engines):
-            if e in busy or not (self._queued[e] or self._sent[e]):
+            if e in busy or e in hold or not (self._queued[e] or self._sent[e]):
                 continue
             new, self._queued[e] = self._queued[e], []
             requests = [(r.key, r.ids, r.spec, r.offset) for r in new]
-            ref = self.fleet.advance(e, requests, self.linger_s)
+            until = None
+            if drain is not None:
+                keys = [*self._sent[e], *(r.key for r in new)]
+                until = [k for k in keys if k[0] == drain]
+            ref = self.fleet.advance(e, requests, self.linger_s, until)
             self._sent[e].update({r.key: r for r in new})
             self._calls[ref] = (e, time.monotonic())
 
@@ -225,6 +247,10 @@ class _Overlap:
         self.prompts: dict[int, list[int]] = {}  # episode -> the prompt in flight
         self.asked: dict[int, tuple[Any, int]] = {}  # episode -> (analysis request, prompt len)
         self.results: dict[int, Any] = {}  # episode -> AnalysisResult
+        pacing = loop.cfg.overlap_pacing
+        self.paced = pacing == "paced" or (
+            pacing == "auto" and not getattr(stream.fleet, "on_gpu", False)
+        )
         if analysis is not None:
             self.rules = ValidationRules.from_config(analysis.cfg)
             self.analysis_spec = SamplingSpec(
@@ -243,9 +269,7 @@ class _Overlap:
         self.group_size = group_size
         self.records: list[TrajectoryRecord | None] = [None] * n
         self.by_env = {ep.env_id: i for i, ep in enumerate(self.episodes)}
-        # a task's samples on one engine (one prefill of their common first prompt); an
-        # episode stays there (its chat is in that prefix cache) unless `_engine` moves it
-        self.engine_of = [(i // group_size) % self.stream.num_engines for i in range(n)]
+        self.engine_of = self._placement(group_size)
         self.backlog: list[tuple[int, Any, list[int]]] = []  # analyses waiting for room
         self.live = n  # episodes not ended yet
         self.last_end = start
@@ -256,7 +280,12 @@ class _Overlap:
                 self._ask(i)
         while not self.stream.idle or self.pending_env or self.backlog:
             self._feed()
-            self.stream.pump()
+            if self.paced:
+                self.stream.pump(self._held(), drain="act")
+                if not self.stream.refs() and not self.pending_env:
+                    self.stream.pump()  # nothing else would move: hold nothing
+            else:
+                self.stream.pump()
             self._wait_one()
         done = time.perf_counter()
         self.timing.episodes_s = self.last_end - start
@@ -267,6 +296,27 @@ class _Overlap:
         assert len(records) == n, "an episode ended without a record"
         analysed = [self.results[i] for i in sorted(self.results)]
         return records, self.stats, analysed, self.timing
+
+    def _placement(self, group_size: int) -> list[int]:
+        """Each episode's engine. Paced: the engine paired with the episode's env worker
+        (worker w plays with engine w mod E), so each pair alternates between one batched
+        decode and one batched env step, like the synchronous loop, and the pairs do not
+        wait for each other. Free: a task's samples on one engine (one prefill of their
+        common first prompt). An episode stays there (its chat is in that prefix cache)
+        unless `_engine` moves it."""
+        engines = self.stream.num_engines
+        worker_of = getattr(self.loop.pool, "worker_of", None)
+        if self.paced and worker_of is not None:
+            return [worker_of(ep.env_id) % engines for ep in self.episodes]
+        return [(i // group_size) % engines for i in range(len(self.episodes))]
+
+    def _held(self) -> set[int]:
+        """Paced: the engines that must not step now, those with no episode turn to decode
+        while an episode of theirs is alive (it is stepping its environment). Their
+        analyses wait, with their KV cache, and go on in the steps of the next turn."""
+        acting = {e for e, n in enumerate(self.stream.load("act")) if n}
+        alive = {self.engine_of[i] for i, r in enumerate(self.records) if r is None}
+        return alive - acting
 
     def _wait_one(self) -> None:
         engine_refs, env_refs = self.stream.refs(), list(self.pending_env)
@@ -306,9 +356,12 @@ class _Overlap:
         self.stream.submit(self._engine(i), ("act", i), ids, self.spec, offset)
 
     def _engine(self, i: int) -> int:
-        """The engine for episode `i`'s next request: its own, unless that one holds
-        `MOVE_AT` more requests than the least loaded engine (then the episode moves there:
-        one prefill of its chat buys a balanced fleet while the other episodes end)."""
+        """The engine for episode `i`'s next request: its own, unless (free pacing) that one
+        holds `MOVE_AT` more requests than the least loaded engine (then the episode moves
+        there: one prefill of its chat buys a balanced fleet while the other episodes end).
+        Paced, an episode never moves: its engine's batch is its env worker's episodes."""
+        if self.paced:
+            return self.engine_of[i]
         load = self.stream.load()
         own, least = self.engine_of[i], min(range(len(load)), key=load.__getitem__)
         if load[own] - load[least] >= MOVE_AT:
@@ -402,7 +455,10 @@ class _Overlap:
         if not self.backlog:
             return
         turns = self.stream.load("act")
-        room = [e for e, t in enumerate(turns) if t <= ANALYZE_BELOW or self.live == 0]
+        if self.paced:  # to the episode's own engine at once: `_held` paces it
+            room = list(range(len(turns)))
+        else:
+            room = [e for e, t in enumerate(turns) if t <= ANALYZE_BELOW or self.live == 0]
         if not room:
             return
         for i, request, ids in self.backlog:

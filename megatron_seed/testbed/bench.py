@@ -41,6 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--work", default=None, help="phases: world and runs (default bench/phases)"
     )
     parser.add_argument("--seed", type=int, default=0, help="phases: the job's seed")
+    parser.add_argument(
+        "--frozen",
+        action="store_true",
+        help="phases: lr 1e-12, every update samples from theta_sft (same policy in all)",
+    )
+    parser.add_argument(
+        "--extra",
+        nargs="*",
+        default=[],
+        help="phases: more variants (grpo/overlap-free, seed/overlap-free, seed/overlap-mixed, "
+        "seed/overlap-uncertain)",
+    )
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=None, help="default 4 (memory: 2)")
     parser.add_argument("--shape", default="qwen2.5-0.5b", help="memory: a recipes.SHAPES name")
@@ -285,7 +297,9 @@ def run(args: argparse.Namespace) -> int:
 
         if args.rounds < 1:
             raise SystemExit("--rounds must be >= 1")
-        result = run_phases(Path(args.work or "bench/phases"), args.rounds, args.seed)
+        result = run_phases(
+            Path(args.work or "bench/phases"), args.rounds, args.seed, args.extra, args.frozen
+        )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print_summary(result)

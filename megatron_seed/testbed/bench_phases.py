@@ -23,18 +23,39 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-VARIANTS = {  # name: (method, overlap)
-    "grpo/sync": ("grpo", False),
-    "seed/sync": ("seed", False),
-    "grpo/overlap": ("grpo", True),
-    "seed/overlap": ("seed", True),
+_OVERLAP = {"rollout": {"overlap": True}}
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {  # name: (method, config changes)
+    "grpo/sync": ("grpo", {}),
+    "seed/sync": ("seed", {}),
+    "grpo/overlap": ("grpo", _OVERLAP),
+    "seed/overlap": ("seed", _OVERLAP),
+}
+# more, on request (`--extra`): the other overlap pacing, selective analysis
+EXTRA: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo/overlap-free": ("grpo", {"rollout": {"overlap": True, "overlap_pacing": "free"}}),
+    "seed/overlap-free": ("seed", {"rollout": {"overlap": True, "overlap_pacing": "free"}}),
+    "seed/overlap-mixed": ("seed", {**_OVERLAP, "skill": {"select": "mixed_groups"}}),
+    "seed/overlap-uncertain": ("seed", {**_OVERLAP, "skill": {"select": "uncertain"}}),
 }
 PHASES = ("rollout", "analyze", "train")
 
 
-def run_phases(work: Path, rounds: int, seed: int = 0) -> dict[str, Any]:
-    """Build or reuse the world under `work`, run `rounds` updates of every variant,
-    interleaved; return the per-update rows, medians and ratios."""
+FROZEN_LR = 1e-12  # `frozen`: Adam's steps of ~lr leave theta_sft as it is, to fp32 precision
+
+
+def run_phases(
+    work: Path,
+    rounds: int,
+    seed: int = 0,
+    extra: list[str] | None = None,
+    frozen: bool = False,
+) -> dict[str, Any]:
+    """Build or reuse the world under `work`, run `rounds` updates of every variant (the
+    four of `VARIANTS`, and the named ones of `EXTRA`), interleaved; return the per-update
+    rows, medians and ratios. `frozen`: every update trains with lr `FROZEN_LR`, so every
+    variant keeps sampling from theta_sft (the same work per update, and the same policy:
+    without it each variant's policy drifts its own way from the second update on, and
+    with it the lengths of its episodes and skills)."""
     from megatron_seed.models.parallel import spawn
     from megatron_seed.pipeline.stage2 import Stage2Job, run_stage2
     from megatron_seed.testbed.base_policy import build_base_policy
@@ -53,22 +74,24 @@ def run_phases(work: Path, rounds: int, seed: int = 0) -> dict[str, Any]:
         work / "base", quick=True, seed=seed, games_dir=work / "games", measure=False
     )
     cfg = job_config(size, "seed", seed)
+    unknown = sorted(set(extra or ()) - set(EXTRA))
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {sorted(EXTRA)}")
+    variants = {**VARIANTS, **{name: EXTRA[name] for name in extra or ()}}
     fleet = JobFleet(base, cfg)
-    rows: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     try:
         stage1_games = games["train"][: size.stage1_tasks]
         init = _stage1(work / "stage1-job", base, stage1_games, size, cfg, fleet)
-        names = list(VARIANTS)
+        names = list(variants)
         for r in range(1, rounds + 1):
             turn = names[(r - 1) % len(names) :] + names[: (r - 1) % len(names)]
             for name in turn:
-                method, overlap = VARIANTS[name]
-                vcfg = job_config(size, method, seed)
-                vcfg = dataclasses.replace(
-                    vcfg,
-                    updates=r,
-                    rollout=dataclasses.replace(vcfg.rollout, overlap=overlap),
-                )
+                method, changes = variants[name]
+                vcfg = job_config(size, method, seed).with_changes(changes)
+                if frozen:
+                    vcfg = vcfg.with_changes({"optim": {"lr": FROZEN_LR}})
+                vcfg = dataclasses.replace(vcfg, updates=r)
                 out = work / "stage2" / name.replace("/", "-")
                 job = Stage2Job(
                     model_dir=str(init),
@@ -85,7 +108,7 @@ def run_phases(work: Path, rounds: int, seed: int = 0) -> dict[str, Any]:
                 print(f"[round {r}/{rounds}] {name:13s} {line}", flush=True)
     finally:
         fleet.close()
-    return summarize(rows)
+    return {**summarize(rows), "frozen": frozen}
 
 
 def _rows(path: Path) -> list[dict[str, float]]:
@@ -107,7 +130,13 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
         if tail:
             med["analysis_tail"] = statistics.median(tail)
         # the work itself: the policies of SEED and GRPO differ from the second update on
-        for key in ("rollout/turns", "rollout/generated_tokens", "analyze/completion_tokens"):
+        for key in (
+            "rollout/turns",
+            "rollout/generated_tokens",
+            "analyze/completion_tokens",
+            "analyze/selected_share",
+            "train/opd/token_frac",
+        ):
             med[key] = statistics.median(u.get(key, 0.0) for u in updates)
         medians[name] = med
     work = {name: m["work"] for name, m in medians.items()}
@@ -117,6 +146,11 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
         "grpo overlap/sync": work["grpo/overlap"] / work["grpo/sync"],
         "seed overlap/sync": work["seed/overlap"] / work["seed/sync"],
     }
+    for name in set(medians) - set(VARIANTS):  # an extra variant: against its method's
+        method = name.split("/")[0]
+        ratios[f"{name}/{method}/overlap"] = work[name] / work[f"{method}/overlap"]
+        if method == "seed":
+            ratios[f"{name}/grpo/overlap"] = work[name] / work["grpo/overlap"]
     updates = {name: len(u) for name, u in rows.items()}
     return {"updates": updates, "medians": medians, "ratios": ratios, "rows": rows}
 
@@ -124,13 +158,13 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
 def print_summary(result: dict[str, Any]) -> None:
     """The medians table and the ratios."""
     cols = (*PHASES, "work", "sync", "checkpoint")
-    print(f"{'variant':14s}" + "".join(f"{c:>11s}" for c in cols) + "   (seconds, median)")
+    print(f"{'variant':23s}" + "".join(f"{c:>11s}" for c in cols) + "   (seconds, median)")
     for name, med in result["medians"].items():
-        print(f"{name:14s}" + "".join(f"{med[c]:11.2f}" for c in cols))
-    print(f"{'variant':14s}{'turns':>11s}{'act tokens':>11s}{'skill tok':>11s}   (median)")
+        print(f"{name:23s}" + "".join(f"{med[c]:11.2f}" for c in cols))
+    print(f"{'variant':23s}{'turns':>11s}{'act tokens':>11s}{'skill tok':>11s}   (median)")
     for name, med in result["medians"].items():
         counts = [med[k] for k in ("rollout/turns", "rollout/generated_tokens")]
         counts.append(med["analyze/completion_tokens"])
-        print(f"{name:14s}" + "".join(f"{c:11.0f}" for c in counts))
+        print(f"{name:23s}" + "".join(f"{c:11.0f}" for c in counts))
     for name, value in result["ratios"].items():
-        print(f"  {name:22s} {value:5.2f}x")
+        print(f"  {name:40s} {value:5.2f}x")

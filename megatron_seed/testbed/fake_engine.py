@@ -69,6 +69,9 @@ class FakeEngineActor:
     def ready(self) -> int:
         return os.getpid()
 
+    def on_gpu(self) -> bool:
+        return False
+
     def node(self) -> tuple[str, str]:
         import ray
 
@@ -161,10 +164,14 @@ class FakeEngineActor:
         self._log("wake:" + "+".join(tags))
 
     def advance(
-        self, requests: list[tuple[Any, list[int], Any, int]], linger_s: float = 0.0
+        self,
+        requests: list[tuple[Any, list[int], Any, int]],
+        linger_s: float = 0.0,
+        until_done: list[Any] | None = None,
     ) -> list[tuple[Any, Any]]:
         """The streaming call (`VLLMEngine.advance`) with instant replies: every request is
-        answered in the order it came, one per call (the oldest first), with a generation
+        answered in the order it came, one per call (the oldest first; with `until_done`,
+        every waiting one up to the last of those keys), with a generation
         derived from its prompt (`fake_reply`). `fake_die_after` ({slot: n}): the first
         incarnation of that slot exits during its n-th call (a crashed engine)."""
         self.calls = getattr(self, "calls", 0) + 1
@@ -172,11 +179,14 @@ class FakeEngineActor:
         die = self.kwargs.get("fake_die_after", {}).get(str(self.slot))
         if self.first and die is not None and self.calls >= int(die):
             os._exit(1)
-        if not self.waiting:
-            return []
-        key, ids, _, _ = self.waiting.pop(0)
-        self._log(f"answer:{key}")
-        return [(key, fake_reply(ids))]
+        wait = set(until_done or ()) & {key for key, *_ in self.waiting}
+        answered = []
+        while self.waiting and (wait or not answered):
+            key, ids, _, _ = self.waiting.pop(0)
+            wait.discard(key)
+            self._log(f"answer:{key}")
+            answered.append((key, fake_reply(ids)))
+        return answered
 
     def busy_seconds(self) -> float:
         return 0.0

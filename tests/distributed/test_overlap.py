@@ -1,10 +1,13 @@
 """Overlapped phases (`rollout.overlap`) on the real engines: two vLLM engines in Ray actors
 serving the tiny world's policy, ALFWorld episodes in Ray env workers, episodes advancing
-independently and each analysed as it ends. What must hold: every turn carries exactly the
-ids the engine sampled and their log-probs, and every skill comes from its own episode."""
+independently and each analysed as it ends, with either pacing (`rollout.overlap_pacing`).
+What must hold: every turn carries exactly the ids the engine sampled and their log-probs,
+and every skill comes from its own episode; paced, each engine runs its episodes' turns to
+the end of the batch and decodes analyses alone only once its episodes have all ended."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -27,19 +30,25 @@ class RecordingFleet:
         self.request_timeout_s = fleet.request_timeout_s
         self.sent: list[tuple[int, tuple, list[int]]] = []  # (engine, key, prompt ids)
         self.calls: list = []
+        self.waits: list[tuple[int, list]] = []  # per call: (engine, its until_done keys)
 
-    def advance(self, engine, requests, linger_s=0.0):
+    def advance(self, engine, requests, linger_s=0.0, until_done=None):
         self.sent += [(engine, key, list(ids)) for key, ids, _, _ in requests]
-        ref = self.fleet.advance(engine, requests, linger_s)
+        ref = self.fleet.advance(engine, requests, linger_s, until_done)
         self.calls.append(ref)
+        self.waits.append((engine, list(until_done or ())))
         return ref
 
     def restart(self, engine, reason):
         self.fleet.restart(engine, reason)
 
 
+PACINGS = ("paced", "free")
+
+
 @pytest.fixture(scope="module")
-def played(tmp_path_factory):
+def plays(tmp_path_factory):
+    """One rollout of each pacing on one session (2 tasks x 2 samples, 3 steps)."""
     from envs.spec import get_env
     from megatron_seed import recipes
     from megatron_seed.rollout.analyzer import apply_analysis
@@ -59,23 +68,33 @@ def played(tmp_path_factory):
         }
     )
     games = [str(g) for g in get_env("alfworld").list_tasks(root / "games", "train")]
+    out = {}
     with RolloutSession(cfg, root / "model") as session:
-        fleet = RecordingFleet(session.fleet)
-        plan = AnalysisPlan(session.tokenizer, cfg.skill, session.analyzer_prompt_limit())
-        records, stats, results, timing = play_overlapped(
-            session.loop, FleetStream(fleet), session.tasks(games), 2, session.sampling(), 0, plan
-        )
-        replies = [pair for ref in fleet.calls for pair in ray.get(ref)]
-        chats = [_chat_ids(session.tokenizer, r) for r in records]
-        scored = session.fleet.prompt_logprobs([ids for ids, _ in chats])
-        analysed = [records[r.index] for r in results]
-        metrics = apply_analysis(analysed, results)
-        yield dict(
-            records=records, stats=stats, results=results, timing=timing, fleet=fleet,
-            replies=replies, chats=chats, scored=scored, metrics=metrics, cfg=cfg,
-            tokenizer=session.tokenizer,
-        )  # fmt: skip
+        for pacing in PACINGS:
+            session.loop.cfg = dataclasses.replace(cfg.rollout, overlap_pacing=pacing)
+            fleet = RecordingFleet(session.fleet)
+            plan = AnalysisPlan(session.tokenizer, cfg.skill, session.analyzer_prompt_limit())
+            records, stats, results, timing = play_overlapped(
+                session.loop, FleetStream(fleet), session.tasks(games), 2, session.sampling(),
+                0, plan,
+            )  # fmt: skip
+            replies = [ray.get(ref) for ref in fleet.calls]  # per call
+            chats = [_chat_ids(session.tokenizer, r) for r in records]
+            scored = session.fleet.prompt_logprobs([ids for ids, _ in chats])
+            analysed = [records[r.index] for r in results]
+            metrics = apply_analysis(analysed, results)
+            out[pacing] = dict(
+                records=records, stats=stats, results=results, timing=timing, fleet=fleet,
+                calls=replies, replies=[pair for call in replies for pair in call],
+                chats=chats, scored=scored, metrics=metrics, cfg=cfg, tokenizer=session.tokenizer,
+            )  # fmt: skip
+    yield out
     ray.shutdown()
+
+
+@pytest.fixture(params=PACINGS)
+def played(plays, request):
+    return plays[request.param]
 
 
 def _chat_ids(tokenizer, record) -> tuple[list[int], list[tuple[int, int]]]:
@@ -153,3 +172,33 @@ def test_the_driver_accounts_for_its_time(played):
     assert timing.episodes_s > 0 and timing.analysis_tail_s > 0
     assert stats.turns == sum(len(r.turns) for r in played["records"])
     assert stats.engine_wait_s == timing.wait["engines"] and sum(timing.wait.values()) > 0
+
+
+def test_paced_engines_run_turns_to_the_end_and_analyse_alone_only_after_their_episodes(plays):
+    """Paced: an episode stays on one engine; every call that decodes turns runs until all
+    of its engine's turns are answered; an engine steps for analyses alone only once every
+    episode that played on it has ended (its analyses rode the turns before)."""
+    played = plays["paced"]
+    fleet, calls = played["fleet"], played["calls"]
+    engine_of: dict[int, set[int]] = {}
+    for engine, (kind, i), _ in fleet.sent:
+        if kind == "act":
+            engine_of.setdefault(i, set()).add(engine)
+    assert all(len(e) == 1 for e in engine_of.values()), engine_of  # never moved
+    last_act: dict[int, int] = {}  # episode -> the call that answered its last turn
+    for c, reply in enumerate(calls):
+        for (kind, i), _ in reply:
+            if kind == "act":
+                last_act[i] = c
+    alone = 0
+    for c, ((engine, until), reply) in enumerate(zip(fleet.waits, calls, strict=True)):
+        answered = {key for key, _ in reply}
+        if until:
+            assert all(kind == "act" for kind, _ in until)
+            assert set(until) <= answered  # the batch ran to its end
+            continue
+        alone += 1
+        mine = [i for i, (e,) in engine_of.items() if e == engine]
+        assert all(last_act[i] < c for i in mine), (c, engine)
+    assert alone > 0  # the last analyses ran after the episodes
+    assert any(kind == "analyze" for _, (kind, _), _ in fleet.sent)

@@ -39,3 +39,19 @@ def test_medians_and_ratios_by_hand():
     assert ratios["grpo overlap/sync"] == pytest.approx(12 / 14)
     assert ratios["seed overlap/sync"] == pytest.approx(15 / 18)
     assert result["updates"] == {name: 3 for name in VARIANTS}
+
+
+def test_an_extra_variant_is_compared_with_its_method_and_with_grpo():
+    rows = {
+        "grpo/sync": [_row(10, 0, 2)],
+        "seed/sync": [_row(10, 4, 3)],
+        "grpo/overlap": [_row(8, 0, 2)],  # work 10
+        "seed/overlap": [_row(9, 0, 3)],  # 12
+        "seed/overlap-mixed": [_row(8, 0, 3, **{"analyze/selected_share": 0.5})],  # 11
+    }
+    result = summarize(rows)
+    ratios = result["ratios"]
+    assert ratios["seed/overlap-mixed/seed/overlap"] == pytest.approx(11 / 12)
+    assert ratios["seed/overlap-mixed/grpo/overlap"] == pytest.approx(11 / 10)
+    assert result["medians"]["seed/overlap-mixed"]["analyze/selected_share"] == 0.5
+    assert "seed/overlap-mixed/grpo/overlap" in ratios and len(ratios) == 6
