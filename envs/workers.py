@@ -45,9 +45,10 @@ class EnvWorker:
         self._first: dict[int, _Reply] = {}
         self.busy_s = 0.0  # seconds spent loading games and stepping (the pool's accounting)
 
-    def busy_seconds(self) -> float:
-        """Seconds this worker has spent in resets and steps since it started."""
-        return self.busy_s
+    def usage(self) -> dict[str, float]:
+        """Since this worker started: `busy_s`, seconds spent in resets and steps; `cpu_s`,
+        its process's CPU seconds (user + system, every thread)."""
+        return {"busy_s": self.busy_s, "cpu_s": time.process_time()}
 
     def _new_env(self) -> Any:
         return self._free.pop() if self._free else self._make_env(self._max_steps)
@@ -310,13 +311,13 @@ class EnvPool:
             out[episode_id] = self._result(episode_id, replies[episode_id])
         return out
 
-    def busy_seconds(self) -> list[float | None]:
-        """Seconds each worker has spent in resets and steps (a replaced worker counts from
-        its start; None: no answer)."""
-        out: list[float | None] = []
-        for ref in [w.busy_seconds.remote() for w in self._workers]:
+    def usage(self) -> list[dict[str, float] | None]:
+        """Each worker's `EnvWorker.usage` (a replaced worker counts from its start; None:
+        no answer)."""
+        out: list[dict[str, float] | None] = []
+        for ref in [w.usage.remote() for w in self._workers]:
             try:
-                out.append(float(self._ray.get(ref, timeout=30)))
+                out.append(dict(self._ray.get(ref, timeout=30)))
             except Exception:
                 out.append(None)
         return out

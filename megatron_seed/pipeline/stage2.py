@@ -581,28 +581,34 @@ def staleness(run: Run, records: list[TrajectoryRecord] | None) -> dict[str, flo
     return metrics
 
 
-def _busy(run: Run) -> dict[str, list[float | None]] | None:
-    """Busy seconds of every engine and env worker so far (rank 0; None elsewhere, or when
-    the fleet or pool keeps no count)."""
+def _busy(run: Run) -> dict[str, Any] | None:
+    """Busy and CPU seconds of every engine and env worker, and the machine's, so far
+    (rank 0; None elsewhere, or when the fleet or pool keeps no count)."""
     session = run.side.session
-    if session is None or not hasattr(session.pool, "busy_seconds"):
+    if session is None or not hasattr(session.pool, "usage"):
         return None
-    return session.busy_seconds()
+    return session.usage()
 
 
 def _accounting(before: Any, after: Any, timer: Any) -> dict[str, float]:
-    """Busy and idle seconds of each engine and env worker over this update's rollout and
-    analysis (a worker replaced meanwhile has no count: left out)."""
+    """Over this update's rollout and analysis: busy, idle and CPU seconds of each engine
+    and env worker (a worker replaced meanwhile has no count: left out), and the share of
+    rank 0's machine's CPU time that was idle."""
     if before is None or after is None:
         return {}
     window = sum(timer.seconds.get(p, 0.0) for p in ("rollout", "analyze"))
     out: dict[str, float] = {}
     for kind in ("engine", "env"):
         for i, (b, a) in enumerate(zip(before[kind], after[kind], strict=False)):
-            if b is None or a is None or a < b:
+            if b is None or a is None or a["busy_s"] < b["busy_s"] or a["cpu_s"] < b["cpu_s"]:
                 continue
-            out[f"busy/{kind}{i}_s"] = a - b
-            out[f"idle/{kind}{i}_s"] = max(0.0, window - (a - b))
+            busy = a["busy_s"] - b["busy_s"]
+            out[f"busy/{kind}{i}_s"] = busy
+            out[f"idle/{kind}{i}_s"] = max(0.0, window - busy)
+            out[f"cpu/{kind}{i}_s"] = a["cpu_s"] - b["cpu_s"]
+    busy, idle = (after["machine"][k] - before["machine"][k] for k in ("busy_s", "idle_s"))
+    out["cpu/machine_busy_s"] = busy
+    out["cpu/machine_idle_share"] = idle / (busy + idle) if busy + idle > 0 else 0.0
     return out
 
 

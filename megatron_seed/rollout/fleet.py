@@ -138,8 +138,8 @@ class _EngineActor:
     ) -> list[Any]:
         return self.engine.advance(requests, linger_s, until_done or ())
 
-    def busy_seconds(self) -> float:
-        return self.engine.busy_s
+    def usage(self) -> dict[str, float]:
+        return {"busy_s": self.engine.busy_s, "cpu_s": time.process_time()}
 
     def load_bucket(self, bucket: FlatBucket | str) -> int:
         """Load one replayed bucket (a flat bucket, or a safetensors file of one)."""
@@ -874,14 +874,15 @@ class Fleet:
         not be restarted (restarts used up, not the owner, its node is gone)."""
         self._restart(engine, reason)
 
-    def busy_seconds(self) -> list[float | None]:
-        """Seconds each engine has spent generating since it started (None: no answer)."""
+    def usage(self) -> list[dict[str, float] | None]:
+        """Per engine, since it started: `busy_s`, seconds spent generating; `cpu_s`, its
+        actor process's CPU seconds (None: no answer)."""
         import ray
 
-        out: list[float | None] = []
-        for ref in [e.busy_seconds.remote() for e in self._engines]:
+        out: list[dict[str, float] | None] = []
+        for ref in [e.usage.remote() for e in self._engines]:
             try:
-                out.append(float(ray.get(ref, timeout=30)))
+                out.append(dict(ray.get(ref, timeout=30)))
             except Exception:
                 out.append(None)
         return out

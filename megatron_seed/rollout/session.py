@@ -243,9 +243,16 @@ class RolloutSession:
         stream = FleetStream(self.fleet)
         return play_overlapped(self.loop, stream, tasks, group_size, spec, update, analysis)
 
-    def busy_seconds(self) -> dict[str, list[float | None]]:
-        """Seconds each engine has generated and each env worker has stepped, so far."""
-        return {"engine": self.fleet.busy_seconds(), "env": self.pool.busy_seconds()}
+    def usage(self) -> dict[str, Any]:
+        """So far: each engine's and env worker's busy and CPU seconds (`Fleet.usage`,
+        `EnvPool.usage`), and this machine's busy and idle CPU seconds over all its cores
+        (psutil, which vLLM installs)."""
+        import psutil
+
+        times = psutil.cpu_times()
+        idle = times.idle + getattr(times, "iowait", 0.0)
+        machine = {"busy_s": sum(times) - idle, "idle_s": idle}
+        return {"engine": self.fleet.usage(), "env": self.pool.usage(), "machine": machine}
 
     def analyzer_prompt_limit(self) -> int:
         """The longest analyzer prompt the engines' context leaves room for."""

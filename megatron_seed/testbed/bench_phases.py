@@ -11,17 +11,16 @@ run's checkpoint, like a preempted job would.
 Per phase (`time/rollout`, `time/analyze`, `time/train`) the median over the rounds, and
 per update the sum of the three (`work`): the sync that starts each resumed update and the
 checkpoint after it are the same for every run and are reported apart. Ratios: SEED / GRPO
-synchronous and overlapped, and overlapped GRPO / synchronous GRPO. On Linux, per update
-call, the CPU seconds the machine was busy and idle and those of the engines and the env
-workers (`cpu_snapshot`): whether a path uses the cores better or only differently.
-Results go to a JSON file and are printed.
+synchronous and overlapped, and overlapped GRPO / synchronous GRPO. Over each update's
+rollout and analysis, the CPU seconds of the engines and of the env workers and the
+machine's idle share (Stage 2's `cpu/` metrics): whether a path uses the cores better or
+only differently. Results go to a JSON file and are printed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -104,56 +103,14 @@ def run_phases(
                     ray_address=_ray_init(),
                     fleet_address=fleet.get().address,
                 )
-                before = cpu_snapshot()
                 spawn(run_stage2, 1, job)
                 metrics = _rows(out / "metrics.jsonl")
-                rows[name].append({**metrics[r - 1], **cpu_used(before, cpu_snapshot())})
+                rows[name].append(metrics[r - 1])
                 line = " ".join(f"{p} {metrics[r - 1].get(f'time/{p}', 0.0):5.2f}" for p in PHASES)
                 print(f"[round {r}/{rounds}] {name:13s} {line}", flush=True)
     finally:
         fleet.close()
     return {**summarize(rows), "frozen": frozen}
-
-
-# the Ray actors whose CPU seconds are counted apart (their process titles)
-CPU_GROUPS = {"engines": "ray::_EngineActor", "envs": "ray::EnvWorker"}
-
-
-def cpu_snapshot(proc: Path = Path("/proc")) -> dict[str, float]:
-    """CPU seconds so far: the machine's busy and idle time (`proc/stat`, every core) and
-    the summed user + system time of the live processes of each `CPU_GROUPS` title
-    (`proc/PID/stat`); empty where there is no such file system (not Linux)."""
-    stat = proc / "stat"
-    if not stat.is_file():
-        return {}
-    hz = os.sysconf("SC_CLK_TCK")
-    ticks = [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    out = {"machine_busy": (sum(ticks) - idle) / hz, "machine_idle": idle / hz}
-    out.update({group: 0.0 for group in CPU_GROUPS})
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            group = next((g for g, t in CPU_GROUPS.items() if title.startswith(t)), None)
-            if group is not None:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                out[group] += (int(fields[11]) + int(fields[12])) / hz  # utime + stime
-        except (OSError, IndexError, ValueError):  # the process ended meanwhile
-            continue
-    return out
-
-
-def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """`cpu/<what>_s` between two snapshots (an update's whole call: its resume, sync and
-    checkpoint included), and `cpu/machine_idle_share`."""
-    if not before or not after:
-        return {}
-    used = {f"cpu/{k}_s": after[k] - before[k] for k in after if k in before}
-    total = used["cpu/machine_busy_s"] + used["cpu/machine_idle_s"]
-    used["cpu/machine_idle_share"] = used["cpu/machine_idle_s"] / total if total else 0.0
-    return used
 
 
 def _rows(path: Path) -> list[dict[str, float]]:
@@ -171,6 +128,11 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
         )
         for extra in ("sync", "checkpoint", "update"):
             med[extra] = statistics.median(u.get(f"time/{extra}", 0.0) for u in updates)
+        for kind in ("engine", "env"):  # summed over the actors
+            med[f"cpu/{kind}s_s"] = statistics.median(
+                sum(v for k, v in u.items() if k.startswith(f"cpu/{kind}") and k[-2:] == "_s")
+                for u in updates
+            )
         tail = [u["overlap/analysis_tail_s"] for u in updates if "overlap/analysis_tail_s" in u]
         if tail:
             med["analysis_tail"] = statistics.median(tail)
@@ -183,8 +145,6 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
             "train/opd/token_frac",
             "cpu/machine_busy_s",
             "cpu/machine_idle_share",
-            "cpu/engines_s",
-            "cpu/envs_s",
         ):
             med[key] = statistics.median(u.get(key, 0.0) for u in updates)
         medians[name] = med

@@ -188,8 +188,10 @@ class FakeEngineActor:
             answered.append((key, fake_reply(ids)))
         return answered
 
-    def busy_seconds(self) -> float:
-        return 0.0
+    def usage(self) -> dict[str, float]:
+        import time
+
+        return {"busy_s": 0.0, "cpu_s": time.process_time()}
 
 
 def fake_reply(ids: list[int]) -> Any:

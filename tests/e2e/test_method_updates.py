@@ -101,6 +101,12 @@ def test_seed_with_overlapped_phases_and_with_selective_analysis(runs):
     assert row["busy/engine0_s"] > 0 and row["busy/env0_s"] > 0
     window = row["time/rollout"]
     assert row["busy/engine0_s"] + row["idle/engine0_s"] == pytest.approx(window, rel=0.05)
+    # the actors' own CPU seconds; the machine's busy time holds theirs and more
+    actors = [v for k, v in row.items() if k.startswith(("cpu/engine", "cpu/env"))]
+    assert "cpu/engine0_s" in row and "cpu/env0_s" in row
+    assert all(0 < cpu <= 2 * window for cpu in actors), actors
+    assert row["cpu/machine_busy_s"] >= 0.9 * sum(actors)
+    assert 0 <= row["cpu/machine_idle_share"] < 1
     sync = _row(runs, "seed")
     assert "time/analyze" in sync and sync["rollout/engine_wait_s"] > 0
     uncertain = _row(runs, "seed+uncertain")

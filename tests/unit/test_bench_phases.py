@@ -15,6 +15,15 @@ def _row(rollout: float, analyze: float, train: float, **extra: float) -> dict[s
     return row
 
 
+def test_cpu_seconds_are_summed_over_the_actors():
+    cpu = {"cpu/engine0_s": 1.0, "cpu/engine1_s": 2.0, "cpu/env0_s": 4.0, "cpu/env1_s": 5.0}
+    rows = {name: [_row(1, 0, 1, **cpu)] for name in VARIANTS}
+    rows["grpo/sync"].append(_row(1, 0, 1, **{**cpu, "cpu/engine0_s": 3.0}))  # engines 5
+    med = summarize(rows)["medians"]
+    assert med["seed/sync"]["cpu/engines_s"] == 3.0 and med["seed/sync"]["cpu/envs_s"] == 9.0
+    assert med["grpo/sync"]["cpu/engines_s"] == 4.0  # median of 3 and 5
+
+
 def test_medians_and_ratios_by_hand():
     rows = {
         "grpo/sync": [_row(10, 0, 2), _row(12, 0, 2), _row(30, 0, 2)],  # work 12, 14, 32
@@ -55,40 +64,3 @@ def test_an_extra_variant_is_compared_with_its_method_and_with_grpo():
     assert ratios["seed/overlap-mixed/grpo/overlap"] == pytest.approx(11 / 10)
     assert result["medians"]["seed/overlap-mixed"]["analyze/selected_share"] == 0.5
     assert "seed/overlap-mixed/grpo/overlap" in ratios and len(ratios) == 6
-
-
-def test_cpu_seconds_from_a_proc_tree(tmp_path):
-    """Machine busy/idle from the first line of proc/stat; per group, the utime + stime of
-    the processes whose title starts with the group's (a title with spaces and parentheses
-    in the comm field, another process, and a non-process entry are handled)."""
-    import os
-
-    from megatron_seed.testbed.bench_phases import cpu_snapshot, cpu_used
-
-    hz = os.sysconf("SC_CLK_TCK")
-
-    def proc(user: int, idle: int, engine: tuple[int, int], env: int) -> object:
-        root = tmp_path / f"proc{user}"
-        root.mkdir()
-        # user nice system idle iowait irq softirq steal
-        (root / "stat").write_text(f"cpu  {user} 0 {hz} {idle} {hz} 0 0 0\ncpu0 1 2 3 4\n")
-        for pid, title, comm, ticks in (
-            ("11", "ray::_EngineActor.advance", "ray::_Engine (x)", engine),
-            ("12", "ray::EnvWorker.step_many", "ray::EnvWorker", (env, 0)),
-            ("13", "python -m pytest", "python", (999, 999)),
-        ):
-            (root / pid).mkdir()
-            (root / pid / "cmdline").write_bytes(title.encode() + b"\0--flag\0")
-            fields = ["S"] + ["0"] * 10 + [str(ticks[0]), str(ticks[1])] + ["0"] * 5
-            (root / pid / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields))
-        (root / "self").mkdir()
-        return root
-
-    before = cpu_snapshot(proc(hz, 10 * hz, (hz, 0), hz))
-    assert before == {"machine_busy": 2.0, "machine_idle": 11.0, "engines": 1.0, "envs": 1.0}
-    after = cpu_snapshot(proc(5 * hz, 12 * hz, (2 * hz, hz), 4 * hz))
-    used = cpu_used(before, after)
-    assert used["cpu/machine_busy_s"] == 4.0 and used["cpu/machine_idle_s"] == 2.0
-    assert used["cpu/engines_s"] == 2.0 and used["cpu/envs_s"] == 3.0
-    assert used["cpu/machine_idle_share"] == pytest.approx(2 / 6)
-    assert cpu_snapshot(tmp_path / "nowhere") == {} and cpu_used({}, after) == {}
