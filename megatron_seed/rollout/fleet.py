@@ -597,11 +597,18 @@ class Fleet:
 
     @functools.cached_property
     def on_gpu(self) -> bool:
-        """Whether the engines run on GPUs (asked of engine 0 once); on CPUs they share the
-        machine's cores with the env workers (`rollout.overlap` paces them then)."""
+        """Whether the engines run on GPUs; on CPUs they share the machine's cores with the
+        env workers (`rollout.overlap` paces them then). The owner knows from its engines'
+        resources; a connected client asks engine 0 once (when it cannot answer: whether
+        this process sees a GPU)."""
         import ray
 
-        return bool(ray.get(self._engines[0].on_gpu.remote(), timeout=self.request_timeout_s))
+        if hasattr(self, "_resources"):
+            return bool(self._resources["num_gpus"])
+        try:
+            return bool(ray.get(self._engines[0].on_gpu.remote(), timeout=60))
+        except Exception:  # a dead engine: the stream restarts it at its first call
+            return torch.cuda.is_available()
 
     @property
     def address(self) -> FleetAddress:

@@ -71,6 +71,7 @@ def test_each_engine_gets_its_own_strict_pack_group_of_engine_tp_gpus(
             assert w["tensor_parallel_size"] == 2 and w["gpu_memory_utilization"] == 0.7
             assert "GPU" not in w["resources"]
         assert ray.available_resources().get("GPU", 0) == 0  # 2 engines x 2 GPUs of 4
+        assert fleet.on_gpu  # the overlapped rollout drives these engines freely
     finally:
         fleet.close()
     for _ in range(50):  # groups are released with the fleet (asynchronously)
@@ -349,6 +350,7 @@ def test_a_stream_resubmits_the_requests_of_an_engine_that_died(ray_gpus, model_
         requests = [(i % 2, ("act", i), list(range(i + 1))) for i in range(6)]
         answers, failed = _stream_all(FleetStream(fleet), requests)
         assert failed == {} and fleet.restarts == [0, 1]
+        assert not fleet.on_gpu  # CPU engines: the overlapped rollout paces them
         assert answers == {key: fake_reply(ids) for _, key, ids in requests}
         want = dict(_weights(3))
         got = _engine_weights(ray_gpus, fleet)[1]
