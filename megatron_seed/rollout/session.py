@@ -251,7 +251,9 @@ class RolloutSession:
 
         times = psutil.cpu_times()
         idle = times.idle + getattr(times, "iowait", 0.0)
-        machine = {"busy_s": sum(times) - idle, "idle_s": idle}
+        # Linux counts guest time inside user and nice already
+        guest = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+        machine = {"busy_s": sum(times) - idle - guest, "idle_s": idle}
         return {"engine": self.fleet.usage(), "env": self.pool.usage(), "machine": machine}
 
     def analyzer_prompt_limit(self) -> int:
