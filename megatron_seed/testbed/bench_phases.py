@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -128,10 +129,10 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
         )
         for extra in ("sync", "checkpoint", "update"):
             med[extra] = statistics.median(u.get(f"time/{extra}", 0.0) for u in updates)
-        for kind in ("engine", "env"):  # summed over the actors
+        for kind in ("engine", "env"):  # summed over the actors: cpu/engine0_s, cpu/env1_s, ...
+            actor = re.compile(rf"cpu/{kind}\d+_s")
             med[f"cpu/{kind}s_s"] = statistics.median(
-                sum(v for k, v in u.items() if k.startswith(f"cpu/{kind}") and k[-2:] == "_s")
-                for u in updates
+                sum(v for k, v in u.items() if actor.fullmatch(k)) for u in updates
             )
         tail = [u["overlap/analysis_tail_s"] for u in updates if "overlap/analysis_tail_s" in u]
         if tail:
