@@ -17,6 +17,7 @@ def _row(rollout: float, analyze: float, train: float, **extra: float) -> dict[s
 
 def test_cpu_seconds_are_summed_over_the_actors():
     cpu = {"cpu/engine0_s": 1.0, "cpu/engine1_s": 2.0, "cpu/env0_s": 4.0, "cpu/env1_s": 5.0}
+    cpu["cpu/envs_total_s"] = 100.0  # not an actor's: left out of the sums
     rows = {name: [_row(1, 0, 1, **cpu)] for name in VARIANTS}
     rows["grpo/sync"].append(_row(1, 0, 1, **{**cpu, "cpu/engine0_s": 3.0}))  # engines 5
     med = summarize(rows)["medians"]
