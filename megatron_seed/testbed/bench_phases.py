@@ -11,10 +11,11 @@ run's checkpoint, like a preempted job would.
 Per phase (`time/rollout`, `time/analyze`, `time/train`) the median over the rounds, and
 per update the sum of the three (`work`): the sync that starts each resumed update and the
 checkpoint after it are the same for every run and are reported apart. Ratios: SEED / GRPO
-synchronous and overlapped, and overlapped GRPO / synchronous GRPO. Over each update's
-rollout and analysis, the CPU seconds of the engines and of the env workers and the
-machine's idle share (Stage 2's `cpu/` metrics): whether a path uses the cores better or
-only differently. Results go to a JSON file and are printed.
+synchronous and overlapped, and overlapped GRPO / synchronous GRPO, of the medians and
+paired (the median of the per-round ratios). Over each update's rollout and analysis, the
+CPU seconds of the engines and of the env workers and the machine's idle share (Stage 2's
+`cpu/` metrics): whether a path uses the cores better or only differently. Results go to a
+JSON file and are printed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,9 @@ def run_phases(
     try:
         stage1_games = games["train"][: size.stage1_tasks]
         init = _stage1(work / "stage1-job", base, stage1_games, size, cfg, fleet)
+        # the Stage-2 runs start afresh: an earlier bench's run would resume, and its
+        # metrics rows would be read as this one's
+        shutil.rmtree(work / "stage2", ignore_errors=True)
         names = list(variants)
         for r in range(1, rounds + 1):
             turn = names[(r - 1) % len(names) :] + names[: (r - 1) % len(names)]
@@ -124,9 +129,7 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     medians: dict[str, dict[str, float]] = {}
     for name, updates in rows.items():
         med = {p: statistics.median(u.get(f"time/{p}", 0.0) for u in updates) for p in PHASES}
-        med["work"] = statistics.median(
-            sum(u.get(f"time/{p}", 0.0) for p in PHASES) for u in updates
-        )
+        med["work"] = statistics.median(_work(u) for u in updates)
         for extra in ("sync", "checkpoint", "update"):
             med[extra] = statistics.median(u.get(f"time/{extra}", 0.0) for u in updates)
         for kind in ("engine", "env"):  # summed over the actors: cpu/engine0_s, cpu/env1_s, ...
@@ -149,20 +152,37 @@ def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
         ):
             med[key] = statistics.median(u.get(key, 0.0) for u in updates)
         medians[name] = med
-    work = {name: m["work"] for name, m in medians.items()}
-    ratios = {
-        "seed/grpo sync": work["seed/sync"] / work["grpo/sync"],
-        "seed/grpo overlap": work["seed/overlap"] / work["grpo/overlap"],
-        "grpo overlap/sync": work["grpo/overlap"] / work["grpo/sync"],
-        "seed overlap/sync": work["seed/overlap"] / work["seed/sync"],
+    pairs = {  # ratio name: (numerator, denominator)
+        "seed/grpo sync": ("seed/sync", "grpo/sync"),
+        "seed/grpo overlap": ("seed/overlap", "grpo/overlap"),
+        "grpo overlap/sync": ("grpo/overlap", "grpo/sync"),
+        "seed overlap/sync": ("seed/overlap", "seed/sync"),
     }
     for name in set(medians) - set(VARIANTS):  # an extra variant: against its method's
         method = name.split("/")[0]
-        ratios[f"{name}/{method}/overlap"] = work[name] / work[f"{method}/overlap"]
+        pairs[f"{name}/{method}/overlap"] = (name, f"{method}/overlap")
         if method == "seed":
-            ratios[f"{name}/grpo/overlap"] = work[name] / work["grpo/overlap"]
+            pairs[f"{name}/grpo/overlap"] = (name, "grpo/overlap")
+    ratios = {k: medians[a]["work"] / medians[b]["work"] for k, (a, b) in pairs.items()}
+    # the same ratios per round (the two updates ran side by side), then their median: a
+    # machine whose speed drifts over the run moves both sides of each pair alike
+    paired = {
+        k: statistics.median(_work(x) / _work(y) for x, y in zip(rows[a], rows[b], strict=False))
+        for k, (a, b) in pairs.items()
+    }
     updates = {name: len(u) for name, u in rows.items()}
-    return {"updates": updates, "medians": medians, "ratios": ratios, "rows": rows}
+    return {
+        "updates": updates,
+        "medians": medians,
+        "ratios": ratios,
+        "paired": paired,
+        "rows": rows,
+    }
+
+
+def _work(update: dict[str, float]) -> float:
+    """Rollout + analyze + train seconds of one update."""
+    return sum(update.get(f"time/{p}", 0.0) for p in PHASES)
 
 
 def print_summary(result: dict[str, Any]) -> None:
@@ -182,5 +202,6 @@ def print_summary(result: dict[str, Any]) -> None:
     )
     for name, med in result["medians"].items():
         print(f"{name:23s}" + "".join(f"{med[k]:11.2f}" for k in cpu))
+    print(f"  {'ratio of work':40s} {'medians':>7s} {'paired':>7s}")
     for name, value in result["ratios"].items():
-        print(f"  {name:40s} {value:5.2f}x")
+        print(f"  {name:40s} {value:6.2f}x {result['paired'][name]:6.2f}x")

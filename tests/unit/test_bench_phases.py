@@ -1,7 +1,11 @@
 """`seed bench phases`' summary: per-phase medians over updates and the ratios the
-overlap target is stated in, from hand-made metrics rows."""
+overlap target is stated in, from hand-made metrics rows; and a second bench in the same
+folder, with the world and the Stage-2 runs faked."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +52,9 @@ def test_medians_and_ratios_by_hand():
     assert ratios["seed/grpo overlap"] == pytest.approx(15 / 12)
     assert ratios["grpo overlap/sync"] == pytest.approx(12 / 14)
     assert ratios["seed overlap/sync"] == pytest.approx(15 / 18)
+    # per round: seed/grpo overlap 15/11, 14/12, 16/13 -> median 16/13 (not 15/12)
+    assert result["paired"]["seed/grpo overlap"] == pytest.approx(16 / 13)
+    assert result["paired"]["grpo overlap/sync"] == pytest.approx(12 / 14)  # 11/12, 12/14, 13/32
     assert result["updates"] == {name: 3 for name in VARIANTS}
 
 
@@ -65,3 +72,45 @@ def test_an_extra_variant_is_compared_with_its_method_and_with_grpo():
     assert ratios["seed/overlap-mixed/grpo/overlap"] == pytest.approx(11 / 10)
     assert result["medians"]["seed/overlap-mixed"]["analyze/selected_share"] == 0.5
     assert "seed/overlap-mixed/grpo/overlap" in ratios and len(ratios) == 6
+
+
+def test_a_second_bench_in_the_same_folder_starts_its_runs_afresh(tmp_path, monkeypatch):
+    """Each variant's Stage-2 run resumes its own checkpoint between rounds; a run left by
+    an earlier bench must not: its metrics rows would be read as this bench's."""
+    import megatron_seed.models.parallel as parallel
+    import megatron_seed.testbed.base_policy as base_policy
+    import megatron_seed.testbed.default_job as default_job
+    from megatron_seed.testbed.bench_phases import run_phases
+
+    class Fleet:
+        address = "fleet"
+
+        def __init__(self, *args):
+            pass
+
+        def get(self):
+            return self
+
+        def close(self):
+            pass
+
+    def fake_run(fn, nprocs, job):  # a resumed run plays only the updates it lacks
+        path = Path(job.out_dir) / "metrics.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        done = len(path.read_text().splitlines()) if path.exists() else 0
+        with path.open("a") as f:
+            for step in range(done + 1, job.cfg.updates + 1):
+                f.write(json.dumps({"step": step, "time/rollout": 1.0, "time/train": 1.0}) + "\n")
+
+    monkeypatch.setattr(base_policy, "build_base_policy", lambda work, **kw: work)
+    monkeypatch.setattr(default_job, "_games", lambda *a: {"train": ["g0", "g1"]})
+    monkeypatch.setattr(default_job, "_stage1", lambda *a: tmp_path / "init")
+    monkeypatch.setattr(default_job, "_ray_init", lambda: None)
+    monkeypatch.setattr(default_job, "JobFleet", Fleet)
+    monkeypatch.setattr(parallel, "spawn", fake_run)
+    stale = tmp_path / "stage2" / "grpo-sync" / "metrics.jsonl"  # an earlier bench's run
+    stale.parent.mkdir(parents=True)
+    stale.write_text("".join(json.dumps({"step": s, "time/rollout": 99.0}) + "\n" for s in (1, 2)))
+    result = run_phases(tmp_path, rounds=2)
+    assert result["updates"] == {name: 2 for name in VARIANTS}
+    assert all(m["rollout"] == 1.0 and m["work"] == 2.0 for m in result["medians"].values())
