@@ -35,12 +35,14 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {  # name: (method, config cha
     "grpo/overlap": ("grpo", _OVERLAP),
     "seed/overlap": ("seed", _OVERLAP),
 }
-# more, on request (`--extra`): the other overlap pacing, selective analysis
+# more, on request (`--extra`): the other overlap pacing, selective analysis, no analyzer
+# retries (an invalid reply gets no second request: the chain the last analyses make)
 EXTRA: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo/overlap-free": ("grpo", {"rollout": {"overlap": True, "overlap_pacing": "free"}}),
     "seed/overlap-free": ("seed", {"rollout": {"overlap": True, "overlap_pacing": "free"}}),
     "seed/overlap-mixed": ("seed", {**_OVERLAP, "skill": {"select": "mixed_groups"}}),
     "seed/overlap-uncertain": ("seed", {**_OVERLAP, "skill": {"select": "uncertain"}}),
+    "seed/overlap-noretry": ("seed", {**_OVERLAP, "skill": {"max_retries": 0}}),
 }
 PHASES = ("rollout", "analyze", "train")
 
