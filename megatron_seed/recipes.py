@@ -202,8 +202,12 @@ def _default_job(quick: bool) -> SeedConfig:
             prompt_style="compact",  # the tiny policy's prompts
         ),
         # continuation: the layout the base policy learnt to analyze with. The oracle
-        # analyzer's replies (which the base imitates) reach ~230 tokens for a failure
-        skill=SkillConfig(max_tokens=320, analyzer_layout="continuation"),
+        # analyzer's replies (which the base imitates) reach ~230 tokens for a failure.
+        # No retries (the paper's rule is 2): the analyzer decodes greedily, and over the six
+        # quick SEED runs of docs/results.md a retry made 16 of 785 invalid first replies
+        # valid (2 %), while each failed one cost two more generations of up to 320 tokens,
+        # the last analyses' chain that overlapped rollouts cannot hide (docs/benchmarks.md)
+        skill=SkillConfig(max_tokens=320, analyzer_layout="continuation", max_retries=0),
         # lr: 1e-6 (the paper's, for 3B-7B models) does not move a 0.7M-parameter model;
         # 1e-3 and 2e-3 collapsed the tiny clone to 0 % within 3 updates, 2e-4 and 5e-4
         # with the token mean stayed flat for 10-12 updates (docs/results.md)

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         default=[],
         help="phases: more variants (grpo/overlap-free, seed/overlap-free, seed/overlap-mixed, "
-        "seed/overlap-uncertain, seed/overlap-noretry)",
+        "seed/overlap-uncertain, seed/overlap-retry)",
     )
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=None, help="default 4 (memory: 2)")
