@@ -1,8 +1,29 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the tiers: a test's tier is its folder.
+
+| folder              | marker        | what belongs there                                       |
+| ------------------- | ------------- | -------------------------------------------------------- |
+| `tests/unit`        | `unit`        | pure code, seconds; no process, engine or Ray started    |
+| `tests/distributed` | `distributed` | gloo processes, Ray, vLLM engines, servers, subprocesses |
+| `tests/e2e`         | `e2e`, `slow` | whole jobs (`seed train`, `seed run`, launches)          |
+| `tests/gpu`         | `gpu`         | needs CUDA; skipped without it                           |
+
+`python -m pytest -q -m "not distributed and not e2e"` is the quick loop. Heavy set-up is
+built once per session and shared (`tests/fixtures.py`); `docs/testing.md` keeps the budget.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from tests.fixtures import (  # noqa: F401  (session fixtures, shared by every tier)
+    quick_job,
+    tiny_world,
+)
+
+TIERS = ("unit", "distributed", "e2e", "gpu")
+HERE = Path(__file__).resolve().parent
 
 TINY_CORPUS = [
     "You are an expert agent operating in the ALFRED Embodied Environment.",
@@ -25,13 +46,28 @@ def tiny_tokenizer():
     return build_tokenizer(TINY_CORPUS * 4, vocab_size=512)
 
 
+def tier_of(path: Path) -> str:
+    """The tier of a test file: the folder under tests/ it lives in (a one-line error for a
+    test outside the four)."""
+    parts = path.resolve().relative_to(HERE).parts
+    if len(parts) < 2 or parts[0] not in TIERS:
+        raise pytest.UsageError(f"{path}: a test lives in one of tests/{{{','.join(TIERS)}}}/")
+    return parts[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU-marked tests need CUDA; skip them (with the reason) elsewhere."""
+    """Each test gets its folder's tier marker (e2e tests also `slow`); a tier marker set by
+    hand that disagrees with the folder is an error. GPU tests are skipped without CUDA."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+        tier = tier_of(Path(item.fspath))
+        wrong = [m.name for m in item.iter_markers() if m.name in TIERS and m.name != tier]
+        if wrong:
+            raise pytest.UsageError(f"{item.nodeid}: marked {wrong[0]} but lives in tests/{tier}")
+        item.add_marker(tier)
+        if tier == "e2e":
+            item.add_marker("slow")
+        if tier == "gpu" and skip_gpu is not None:
+            item.add_marker(skip_gpu)

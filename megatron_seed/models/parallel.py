@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import socket
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -27,6 +28,9 @@ from megatron_seed.models.compat import enable_cpu_mode, model_parallel_seed
 
 class DeviceError(RuntimeError):
     """The requested device is not what this machine offers; one line."""
+
+
+RENDEZVOUS_FILE = "SEED_RENDEZVOUS_FILE"  # set by `spawn` for its ranks (CPU, gloo)
 
 
 def resolve_device(requested: str = "auto") -> str:
@@ -68,16 +72,24 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, device: str = "aut
     else:
         enable_cpu_mode()
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        if on_gpu:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        kwargs = {}
+        backend = "nccl" if on_gpu else "gloo"
+        kwargs: dict[str, Any] = {}
         if os.environ.get("SEED_NCCL_TIMEOUT_S"):  # launched jobs: a stuck collective fails
             kwargs["timeout"] = datetime.timedelta(seconds=int(os.environ["SEED_NCCL_TIMEOUT_S"]))
-        dist.init_process_group(backend="nccl" if on_gpu else "gloo", **kwargs)
+        if on_gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        store = os.environ.pop(RENDEZVOUS_FILE, None)  # children of a rank do not inherit it
+        if store:
+            # `spawn`'s ranks meet through a file: a port picked free can be taken (by Ray, by
+            # another job's server) before rank 0 listens on it
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            kwargs.update(init_method=f"file://{store}", rank=rank, world_size=world)
+        else:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        dist.init_process_group(backend=backend, **kwargs)
     world = dist.get_world_size()
     if world % (tp * pp):
         raise ValueError(f"world size {world} is not divisible by TP*PP = {tp * pp}")
@@ -105,10 +117,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
+def _worker(rank: int, world: int, store: str, fn: Callable, args: tuple, queue: Any) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+        {RENDEZVOUS_FILE: store},
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -136,15 +147,16 @@ def spawn(fn: Callable, world_size: int, *args: Any) -> list[Any]:
     """
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=False)
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    with _forward_sigterm(procs):
-        return _collect(procs, queue, world_size)
+    with tempfile.TemporaryDirectory(prefix="seed-spawn-") as folder:
+        store = os.path.join(folder, "rendezvous")
+        procs = [
+            ctx.Process(target=_worker, args=(r, world_size, store, fn, args, queue), daemon=False)
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        with _forward_sigterm(procs):
+            return _collect(procs, queue, world_size)
 
 
 @contextlib.contextmanager

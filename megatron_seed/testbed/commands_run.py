@@ -28,8 +28,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--algo", choices=list(METHODS), default="seed")
     parser.add_argument(
+        "--updates",
+        type=_positive,
+        default=None,
+        help="Stage-2 updates (default: the recipe's, 12 quick, 24 full)",
+    )
+    parser.add_argument(
         "--skill-library", default=None, help="a family library folder (default: built)"
     )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,5 +58,6 @@ def run(args: argparse.Namespace) -> int:
         algo=args.algo,
         env=args.env,
         user_library=args.skill_library,
+        updates=args.updates,
     )
     return 0

@@ -60,13 +60,20 @@ def method_of(algo: str) -> Method:
 
 
 def job_config(
-    size: JobSize, algo: str = "seed", seed: int = 0, env: str = "alfworld"
+    size: JobSize,
+    algo: str = "seed",
+    seed: int = 0,
+    env: str = "alfworld",
+    updates: int | None = None,
 ) -> SeedConfig:
     """The default job's config: its recipe (`megatron_seed.recipes`) for this method, seed
-    and environment (the environment's `testbed.profiles` rollout settings on top)."""
+    and environment (the environment's `testbed.profiles` rollout settings on top);
+    ``updates``: Stage-2 updates instead of the recipe's."""
     from megatron_seed import recipes
 
     cfg = recipes.get(size.recipe).config
+    if updates is not None:
+        cfg = cfg.with_changes({"updates": updates})
     method = method_of(algo)
     if method.trains:
         cfg = method.config(cfg)
@@ -154,9 +161,10 @@ def run_default_job(
     env: str = "alfworld",
     library_dir: str | Path | None = None,
     user_library: str | Path | None = None,
+    updates: int | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the whole job on ``env``; returns the evaluations and facts of the
-    report.
+    report. ``updates``: Stage-2 updates instead of the recipe's.
 
     ``base_dir`` / ``games_dir`` / ``library_dir`` (default under ``out_dir``): where the base
     policy (with its cached evaluation), the games and the family skill library built from
@@ -170,7 +178,7 @@ def run_default_job(
     size = profile(env).size(quick)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = job_config(size, algo, seed, env)
+    cfg = job_config(size, algo, seed, env, updates)
     t0 = time.time()
     games_root = Path(games_dir or out / "games")
     games = _games(games_root, size, seed, env)

@@ -18,7 +18,6 @@ from megatron_seed.testbed.scripted import ScriptedEngine, expert_policy, random
 ALFWORLD = get_env("alfworld")
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[2]
 
 

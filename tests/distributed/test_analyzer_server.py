@@ -343,7 +343,6 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
-@pytest.mark.slow
 def test_client_against_vllm_openai_server(vllm_server: str, tmp_path: Path) -> None:
     records = [make_record(i) for i in range(3)]
     cfg = SkillConfig(max_retries=1)

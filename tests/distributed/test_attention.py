@@ -11,8 +11,6 @@ from megatron_seed.models.parallel import spawn
 from megatron_seed.testbed.tiny import make_tiny_qwen
 from tests.distributed.workers import attention_paths_agree, packed_matches_separate
 
-pytestmark = pytest.mark.distributed
-
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("tp", [1, 2])

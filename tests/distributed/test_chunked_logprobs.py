@@ -12,8 +12,6 @@ from megatron_seed.models.parallel import spawn
 from megatron_seed.testbed.tiny import make_tiny_qwen
 from tests.distributed.chunk_workers import chunked_matches_whole
 
-pytestmark = pytest.mark.distributed
-
 
 @pytest.mark.parametrize(
     ("tp", "sequence_parallel", "tied"),

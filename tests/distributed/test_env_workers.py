@@ -19,7 +19,6 @@ from envs.alfworld.games import generate_games  # noqa: E402
 from envs.base import EpisodeStatus  # noqa: E402
 from envs.workers import EnvPool  # noqa: E402
 
-pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[2]
 
 

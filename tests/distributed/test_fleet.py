@@ -19,8 +19,6 @@ from megatron_seed.models.convert import hf_names
 from megatron_seed.models.qwen import QwenSpec
 from megatron_seed.rollout.engine import SamplingSpec, vllm_on_cpu
 
-pytestmark = pytest.mark.distributed
-
 EOS = 2
 
 

@@ -15,8 +15,6 @@ import torch
 
 from megatron_seed.testbed.fake_engine import FakeEngineActor, Recorder
 
-pytestmark = pytest.mark.distributed
-
 
 @pytest.fixture(scope="module")
 def ray_gpus():

@@ -11,8 +11,6 @@ import torch
 from megatron_seed.models.parity import check_parity
 from megatron_seed.testbed.tiny import make_tiny_qwen
 
-pytestmark = pytest.mark.distributed
-
 MODELS = {
     "qwen2-untied": dict(model_type="qwen2", tie_word_embeddings=False),
     "qwen2-tied": dict(model_type="qwen2", tie_word_embeddings=True),

@@ -17,7 +17,6 @@ import pytest
 from megatron_seed.testbed.tiny_world import make_tiny_world
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -12,8 +12,6 @@ from megatron_seed.models.parallel import spawn
 from megatron_seed.testbed.tiny import make_tiny_qwen
 from tests.distributed import workers
 
-pytestmark = pytest.mark.distributed
-
 CFG = SeedConfig(
     algo=AlgoConfig(teacher_mode="live", lambda_opd=1.0, beta_kl=0.1),
     optim=OptimConfig(lr=1e-3, clip_grad=1e9, mini_batches_per_update=1, micro_batch_size=1),

@@ -13,8 +13,6 @@ from megatron_seed.models.parallel import spawn
 from megatron_seed.testbed.tiny import make_tiny_qwen
 from tests.distributed import workers
 
-pytestmark = pytest.mark.distributed
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, tiny_tokenizer):

@@ -1,14 +1,11 @@
-"""The tiny base policy: built once (small settings), cached, guarded, loadable.
-
-Marked slow: the build trains a real model with the Megatron trainer (~1 min on 2 cores).
-Whether it acts well is measured by the default job's end-to-end test and benchmarks.
-"""
+"""The tiny base policy: built once, cached, guarded, loadable. The build is the one the
+session's quick default job made (`tests/fixtures.py`: it trains a real model with the Megatron
+trainer); whether it acts well is measured by the default job's test and benchmarks."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import pytest
 
@@ -20,40 +17,32 @@ from megatron_seed.testbed.base_policy import (
     read_manifest,
 )
 
-pytestmark = pytest.mark.slow
-
-SMALL = dataclasses.replace(
-    BasePolicySettings.for_run(quick=True, seed=0), n_train_games=8, n_eval_games=2, train_steps=20
-)
+QUICK = BasePolicySettings.for_run(quick=True, seed=0)  # `seed run --quick`'s
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("base_policy")
-    out = root / "policy"
-    start = time.perf_counter()
+def built(quick_job):
+    """(the quick job's base folder, its model folder, the job's games folder)."""
+    out = quick_job.out / "base"
     model_dir = build_base_policy(
-        out, games_dir=root / "games", progress=False, measure=False, settings=SMALL
+        out, games_dir=quick_job.out / "games", progress=False, measure=False, settings=QUICK
     )
-    return out, model_dir, time.perf_counter() - start
+    return out, model_dir, quick_job.out / "games"
 
 
 def test_cache_is_reused_and_guarded(built):
-    out, model_dir, _ = built
+    out, model_dir, games = built
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    again = build_base_policy(
-        out, games_dir=out.parent / "games", progress=False, measure=False, settings=SMALL
-    )
+    again = build_base_policy(out, games_dir=games, progress=False, measure=False, settings=QUICK)
     assert again == model_dir
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == stamps
     assert not out.with_name(out.name + ".partial").exists()  # no rebuild started
-    other = dataclasses.replace(SMALL, train_steps=SMALL.train_steps + 1)
+    other = dataclasses.replace(QUICK, train_steps=QUICK.train_steps + 1)
     with pytest.raises(BasePolicyCacheError, match="other settings"):
-        build_base_policy(
-            out, games_dir=out.parent / "games", progress=False, measure=False, settings=other
-        )
+        build_base_policy(out, games_dir=games, progress=False, measure=False, settings=other)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == stamps
     manifest = read_manifest(out)
-    assert manifest["key"]["settings"] == json.loads(json.dumps(dataclasses.asdict(SMALL)))
+    assert manifest["key"]["settings"] == json.loads(json.dumps(dataclasses.asdict(QUICK)))
     assert set(manifest["timings_s"]) >= {"games", "demos", "train", "build", "total"}
 
 
@@ -63,7 +52,7 @@ def test_partial_and_corrupt_caches_fail_loud(built, tmp_path):
     partial.mkdir()
     (partial / "junk").write_text("x")
     with pytest.raises(BasePolicyCacheError, match="no manifest"):
-        build_base_policy(partial, progress=False, measure=False, settings=SMALL)
+        build_base_policy(partial, progress=False, measure=False, settings=QUICK)
     # a copy of the build with one tokenizer file changed
     import shutil
 
@@ -75,7 +64,7 @@ def test_partial_and_corrupt_caches_fail_loud(built, tmp_path):
     config = copy / "tokenizer" / "tokenizer_config.json"
     config.write_text(config.read_text() + " ")
     with pytest.raises(BasePolicyCacheError, match="missing or changed"):
-        build_base_policy(copy, progress=False, measure=False, settings=SMALL)
+        build_base_policy(copy, progress=False, measure=False, settings=QUICK)
 
 
 def test_model_and_tokenizer_match_and_load(built):

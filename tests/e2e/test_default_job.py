@@ -1,29 +1,22 @@
 """`seed run --quick` end to end: games, base policy, Stage 1, Stage 2 (SEED), evaluation,
 report; then a rerun that resumes from the finished phases instead of redoing them.
 
-Marked slow: the whole quick job runs (about 5 minutes on 2 cores).
+The job is the session's `quick_job` (`tests/fixtures.py`; the base-policy tests read it too).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.fixtures import QUICK_JOB_UPDATES
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("default_job") / "run"
-    cmd = [sys.executable, "-m", "megatron_seed.cli", "run", "--quick", "--out", str(out)]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return out, proc, time.perf_counter() - start
+def quick_run(quick_job):
+    return quick_job.out, quick_job.proc, quick_job.seconds
 
 
 def test_artifacts_exist_and_hold_the_run(quick_run):
@@ -53,7 +46,7 @@ def test_artifacts_exist_and_hold_the_run(quick_run):
     config = json.loads((out / "stage2" / "config.json").read_text())
     assert config["rollout"]["prompt_style"] == "compact" and config["algo"]["use_opd"]
     rows = [json.loads(x) for x in (out / "stage2" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == config["updates"]
+    assert len(rows) == config["updates"] == QUICK_JOB_UPDATES
     assert all("train/loss/opd" in r and "time/rollout" in r for r in rows)
 
 
@@ -133,8 +126,8 @@ def test_stage2_reinforced_its_winners_over_its_losers(quick_run):
     assert won - lost > 0.02, (won, lost)
 
 
-def test_rerun_resumes_without_redoing_phases(quick_run):
-    out, _, _ = quick_run
+def test_rerun_resumes_without_redoing_phases(quick_job):
+    out = quick_job.out
     report = (out / "report.md").read_text()
     outputs = [
         *(out / "stage2" / "final_hf").glob("*.safetensors"),
@@ -142,8 +135,7 @@ def test_rerun_resumes_without_redoing_phases(quick_run):
         out / "stage2" / "metrics.jsonl",
     ]
     stamps = {p: p.stat().st_mtime_ns for p in outputs}
-    cmd = [sys.executable, "-m", "megatron_seed.cli", "run", "--quick", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(quick_job.command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "base policy: reusing" in proc.stdout
     assert "[update " not in proc.stdout and "stage 1: collect" not in proc.stderr

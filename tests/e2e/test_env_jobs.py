@@ -19,8 +19,6 @@ import pytest
 
 from envs.search.env import INVALID_MESSAGE
 
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -13,8 +13,6 @@ from megatron_seed.skills.library import SkillLibrary
 from megatron_seed.testbed.tiny_world import make_tiny_world
 from tests.distributed import workers
 
-pytestmark = pytest.mark.slow
-
 GENERAL = "Look around first, then check each receptacle one by one."
 PICK = "Take the object from where it lies and move it to the target receptacle."
 # the Stage-2 runs; grpo first (its trajectories become the Stage-1 annotations)

@@ -24,12 +24,10 @@ from launch.local_cluster import (
     up,
 )
 from megatron_seed.testbed.rehearsal import finish, launch_tiny, steps, wait_for_update
-from megatron_seed.testbed.tiny_world import make_tiny_world
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Slurm rehearsal: Linux"),
-]
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="Slurm rehearsal: Linux"
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +49,8 @@ def _no_job_outlives_its_test(cluster: LocalCluster):
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_world(tmp_path_factory.mktemp("world"))
+def world(tiny_world: Path) -> Path:
+    return tiny_world
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str, str]:

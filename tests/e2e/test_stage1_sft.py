@@ -15,8 +15,6 @@ from megatron_seed.testbed.synthetic import synthetic_records
 from megatron_seed.testbed.tiny import make_tiny_policy
 from megatron_seed.testbed.tokenizer import build_tokenizer
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):

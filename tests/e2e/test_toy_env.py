@@ -131,7 +131,6 @@ def world(tmp_path_factory):
     return root, tasks, tok
 
 
-@pytest.mark.distributed
 def test_env_pool_and_agent_loop_play_the_toy_game(world) -> None:
     import ray
 
@@ -172,7 +171,6 @@ def test_env_pool_and_agent_loop_play_the_toy_game(world) -> None:
     assert r.turns[0].user.startswith("Goal: find the hidden number.")
 
 
-@pytest.mark.slow
 def test_one_seed_train_update_on_the_toy_game(world, tmp_path) -> None:
     root, tasks, _ = world
     out = tmp_path / "out"

@@ -99,3 +99,12 @@ def test_skill_table_averages_each_update_over_seeds(tmp_path):
     assert "| SEED | valid % | 38 | 50 |" in table
     assert "| SEED | degenerate % | 0 | 25 |" in table
     assert "GRPO" not in table
+
+
+def test_updates_override_reaches_the_config_and_rlsd_schedule():
+    """`seed run --updates N`: Stage 2 runs N updates, and RLSD's lambda decays over 2/3 of
+    them (not of the recipe's 12)."""
+    assert job_config(QUICK, "seed").updates == 12
+    assert job_config(QUICK, "seed", updates=3).updates == 3
+    assert job_config(QUICK, "rlsd", updates=3).algo.rlsd_decay_updates == 2
+    assert job_config(QUICK, "rlsd").algo.rlsd_decay_updates == 8

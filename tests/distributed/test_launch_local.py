@@ -94,22 +94,3 @@ def test_seed_launch_local_dryrun_prints_the_command(capsys) -> None:
         "torchrun --standalone --nproc-per-node 1 -m megatron_seed.cli train --recipe tiny "
         """--config-json '{"fleet":{"engines":1,"gpus_per_engine":1.0}}'"""
     )
-
-
-@pytest.mark.slow
-@pytest.mark.skipif("train" not in cli.COMMANDS, reason="`seed train` (fleet issue) not built yet")
-def test_local_launch_of_tiny_trains_two_updates(tmp_path: Path) -> None:
-    import json
-
-    from megatron_seed.testbed.tiny_world import make_tiny_world
-
-    world = make_tiny_world(tmp_path / "world")
-    env = {
-        "SEED_MODEL_DIR": str(world / "model"),
-        "SEED_GAMES_DIR": str(world / "games"),
-        "SEED_OUT_DIR": str(tmp_path / "out"),
-    }
-    outcome = run_local(make_plan("tiny"), nemorun_home=str(tmp_path / "nemorun"), env=env)
-    assert outcome.succeeded, [p.read_text()[-2000:] for p in outcome.logs()]
-    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]  # the tiny recipe's two Stage-2 updates

@@ -1,0 +1,50 @@
+"""Session fixtures: the expensive worlds, built once per test session and shared read-only.
+
+- `tiny_world`: six generated ALFWorld games and a random tiny Qwen2 whose tokenizer knows
+  their prompts (`testbed.tiny_world`, ~10 s). Tests write their outputs under their own
+  `tmp_path`, never into the world.
+- `quick_job`: the default job, `seed run --quick` (games, the base policy, Stage 1, Stage 2,
+  evaluation, report: ~5-7 minutes). Tests read its folder; the default job's own rerun test
+  is the only one that runs the command on it again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+QUICK_JOB_UPDATES = 12  # the recipe's; fewer (`--updates`) is not yet shown to keep the
+# winners-over-losers direction that test_default_job asserts
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ROOT with ROOT/games/train/... (6 games) and ROOT/model (HF checkpoint + tokenizer)."""
+    from megatron_seed.testbed.tiny_world import make_tiny_world
+
+    return make_tiny_world(tmp_path_factory.mktemp("tiny_world"))
+
+
+@dataclass(frozen=True)
+class QuickJob:
+    """A finished `seed run --quick` (its folder, the command and its captured run)."""
+
+    out: Path
+    command: list[str]
+    proc: subprocess.CompletedProcess
+    seconds: float
+
+
+@pytest.fixture(scope="session")
+def quick_job(tmp_path_factory: pytest.TempPathFactory) -> QuickJob:
+    out = tmp_path_factory.mktemp("default_job") / "run"
+    cmd = [sys.executable, "-m", "megatron_seed.cli", "run", "--quick", "--out", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return QuickJob(out, cmd, proc, time.perf_counter() - start)
