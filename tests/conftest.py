@@ -19,6 +19,7 @@ import pytest
 
 from tests.fixtures import (  # noqa: F401  (session fixtures, shared by every tier)
     quick_job,
+    qwen25,
     tiny_world,
 )
 

@@ -30,6 +30,17 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_world(tmp_path_factory.mktemp("tiny_world"))
 
 
+@pytest.fixture(scope="session")
+def qwen25(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`seed init-model --shape qwen2.5-0.5b --layers 2`: real width and vocabulary."""
+    from megatron_seed import cli
+
+    out = tmp_path_factory.mktemp("init") / "qwen2.5-0.5b"
+    argv = ["init-model", "--shape", "qwen2.5-0.5b", "--layers", "2", "--out", str(out)]
+    assert cli.main(argv) == 0
+    return out
+
+
 @dataclass(frozen=True)
 class QuickJob:
     """A finished `seed run --quick` (its folder, the command and its captured run)."""

@@ -11,20 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
-from megatron_seed import cli
-
-
-@pytest.fixture(scope="module")
-def qwen25(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("init") / "qwen2.5-0.5b"
-    assert (
-        cli.main(["init-model", "--shape", "qwen2.5-0.5b", "--layers", "2", "--out", str(out)]) == 0
-    )
-    return out
-
-
 VLLM_SCRIPT = textwrap.dedent(
     """
     import json, os, sys

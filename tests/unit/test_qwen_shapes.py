@@ -163,15 +163,6 @@ def test_the_tokenizer_is_built_the_same_every_time(tokenizers) -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen25(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("init") / "qwen2.5-0.5b"
-    assert (
-        cli.main(["init-model", "--shape", "qwen2.5-0.5b", "--layers", "2", "--out", str(out)]) == 0
-    )
-    return out
-
-
-@pytest.fixture(scope="module")
 def qwen3(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("init") / "qwen3"
     return write_checkpoint(recipes.SHAPES["qwen3-0.6b"], out, layers=1)
