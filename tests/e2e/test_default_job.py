@@ -98,11 +98,11 @@ def _action_logprob_change(out, record) -> float:
 def test_stage2_reinforced_its_winners_over_its_losers(quick_run):
     """The RL signal's direction: over the first half of Stage 2's own trajectories, the
     final policy raised the log-probs of the winning episodes' actions more than those of
-    the losing ones, relative to theta_sft (seed 0 on an AMD EPYC, two analyzer retries:
-    winners -0.028, losers -0.136 nats per token; on an Intel Xeon, no retries: -0.071,
-    -0.572). Whether the final policy also wins more evaluation episodes than the base is
-    a single-seed draw of 48 episodes that float rounding flips from machine to machine
-    (35.4 -> 39.6 % on some, 31.2 -> 18.8 % on an AMD EPYC): measured over seeds in
+    the losing ones, relative to theta_sft (seed 0, 4 updates, on an AMD EPYC: winners
+    +0.058, losers -0.169 nats per token; at the recipe's 12 updates on an Intel Xeon:
+    -0.071, -0.572). Whether the final policy also wins more evaluation episodes than the
+    base is a single-seed draw of 48 episodes that float rounding flips from machine to
+    machine (35.4 -> 39.6 % on some, 31.2 -> 18.8 % on an AMD EPYC): measured over seeds in
     docs/results.md, printed here, not asserted."""
     from megatron_seed.data import read_jsonl
 
