@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import (  # noqa: F401  (session fixtures, shared by every tier)
+    alfworld_games,
     quick_job,
     qwen25,
     tiny_world,

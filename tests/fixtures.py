@@ -1,11 +1,12 @@
 """Session fixtures: the expensive worlds, built once per test session and shared read-only.
 
+- `alfworld_games`: six generated ALFWorld games per split, one of each family (~18 s).
 - `tiny_world`: six generated ALFWorld games and a random tiny Qwen2 whose tokenizer knows
   their prompts (`testbed.tiny_world`, ~10 s). Tests write their outputs under their own
   `tmp_path`, never into the world.
-- `quick_job`: the default job, `seed run --quick --updates 4` (games, the base policy,
-  Stage 1, Stage 2, evaluation, report: ~4-5 minutes; `seed run --quick` runs the recipe's
-  12 updates). Tests read its folder; the default job's own rerun test is the only one that
+- `quick_job`: the default job, `seed run --quick --updates 4 --eval-episodes 2` (games, the
+  base policy, Stage 1, Stage 2, evaluation, report: ~4 minutes; `seed run --quick` runs the
+  recipe's 12 updates and 8 evaluation episodes per training game). Tests read its folder; the default job's own rerun test is the only one that
   runs the command on it again.
 """
 
@@ -22,6 +23,18 @@ import pytest
 # Stage-2 updates of the tested quick job (the recipe runs 12): 4 keep the winners-over-
 # losers direction test_default_job asserts well clear of its 0.02 margin (0.23 nats measured)
 QUICK_JOB_UPDATES = 4
+QUICK_JOB_EVAL_EPISODES = 2  # sampled evaluation episodes per training game (the size's: 8)
+
+
+@pytest.fixture(scope="session")
+def alfworld_games(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ROOT with six generated ALFWorld games (one per family) in each split, seed 7."""
+    from envs.alfworld.games import generate_games
+
+    root = tmp_path_factory.mktemp("alfworld_games")
+    for split in ("train", "seen", "unseen"):
+        generate_games(root, split, n=6, seed=7)
+    return root
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +70,7 @@ class QuickJob:
 def quick_job(tmp_path_factory: pytest.TempPathFactory) -> QuickJob:
     out = tmp_path_factory.mktemp("default_job") / "run"
     cmd = [sys.executable, "-m", "megatron_seed.cli", "run", "--quick", "--out", str(out)]
-    cmd += ["--updates", str(QUICK_JOB_UPDATES)]
+    cmd += ["--updates", str(QUICK_JOB_UPDATES), "--eval-episodes", str(QUICK_JOB_EVAL_EPISODES)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

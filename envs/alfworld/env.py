@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from envs.alfworld import textgen_memo
 from envs.alfworld.games import FAMILIES, SPLIT_DIRS, TASK_TYPE_TO_FAMILY
 from envs.base import MAX_ACTION_CHARS, sanitize_action
 
@@ -104,6 +105,7 @@ class AlfWorldEnv:
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
         from textworld.envs import PddlEnv
 
+        textgen_memo.install()  # each template parsed once per process, not at every step
         infos = textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])
         self._env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
         self.max_steps = max_steps

@@ -85,6 +85,9 @@ def _play(gamefile: str, expert: str, max_steps: int = 100) -> tuple[list[str], 
     )
     from textworld.envs import PddlEnv
 
+    from envs.alfworld import textgen_memo
+
+    textgen_memo.install()  # each template parsed once per process, not at every step
     infos = textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])
     env = AlfredExpert(AlfredInfos(AlfredDemangler(PddlEnv(infos))), expert_type=expert)
     env.load(gamefile)

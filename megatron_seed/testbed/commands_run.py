@@ -1,4 +1,5 @@
-"""`seed run [--quick] [--env NAME] [--out DIR] [--seed S] [--algo A]`: the default job.
+"""`seed run [--quick] [--env NAME] [--out DIR] [--seed S] [--algo A] [--updates N]
+[--eval-episodes N]`: the default job.
 
 `--env`: alfworld (default), search (search-based QA) or sokoban; each brings its own task
 generator, base policy and sizes (`testbed.profiles`). `--algo`: seed (default) or any method
@@ -34,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Stage-2 updates (default: the recipe's, 12 quick, 24 full)",
     )
     parser.add_argument(
+        "--eval-episodes",
+        type=_positive,
+        default=None,
+        help="sampled evaluation episodes per training game (default: 8 quick, 4 full)",
+    )
+    parser.add_argument(
         "--skill-library", default=None, help="a family library folder (default: built)"
     )
 
@@ -59,5 +66,6 @@ def run(args: argparse.Namespace) -> int:
         env=args.env,
         user_library=args.skill_library,
         updates=args.updates,
+        eval_episodes=args.eval_episodes,
     )
     return 0

@@ -162,9 +162,11 @@ def run_default_job(
     library_dir: str | Path | None = None,
     user_library: str | Path | None = None,
     updates: int | None = None,
+    eval_episodes: int | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the whole job on ``env``; returns the evaluations and facts of the
-    report. ``updates``: Stage-2 updates instead of the recipe's.
+    report. ``updates``: Stage-2 updates instead of the recipe's; ``eval_episodes``: sampled
+    evaluation episodes per training game instead of the size's.
 
     ``base_dir`` / ``games_dir`` / ``library_dir`` (default under ``out_dir``): where the base
     policy (with its cached evaluation), the games and the family skill library built from
@@ -176,6 +178,8 @@ def run_default_job(
 
     method = method_of(algo)
     size = profile(env).size(quick)
+    if eval_episodes is not None:
+        size = dataclasses.replace(size, train_eval_episodes=eval_episodes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = job_config(size, algo, seed, env, updates)
@@ -350,7 +354,8 @@ def _evaluate(
     from megatron_seed.skills.library import SkillLibrary
 
     evaluations = _progress(out).get("evaluate") or {}
-    cache = base_root / f"eval-{_games_key(games)}.json" if base_root else None
+    key = _games_key(games, size.train_eval_episodes)
+    cache = base_root / f"eval-{key}.json" if base_root else None
     base_label = "Base (Vanilla)"
     if base_label not in evaluations and cache is not None and cache.is_file():
         evaluations[base_label] = json.loads(cache.read_text())
@@ -381,9 +386,11 @@ def _evaluate(
     return {name: evaluations[name] for name in models}
 
 
-def _games_key(games: dict[str, list[str]]) -> str:
-    """A short digest of the evaluation's games (the base's cached evaluation is theirs)."""
+def _games_key(games: dict[str, list[str]], episodes: int) -> str:
+    """A short digest of the evaluation's games and sampled episodes per training game (the
+    base's cached evaluation is theirs)."""
     import hashlib
 
-    text = json.dumps({k: [Path(g).name for g in v] for k, v in sorted(games.items())})
+    names = {k: [Path(g).name for g in v] for k, v in sorted(games.items())}
+    text = json.dumps({**names, "episodes": episodes})
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from megatron_seed.testbed.tiny_world import make_tiny_world
-
 ray = pytest.importorskip("ray")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +44,7 @@ PACINGS = ("paced", "free")
 
 
 @pytest.fixture(scope="module")
-def plays(tmp_path_factory):
+def plays(tiny_world):
     """One rollout of each pacing on one session (2 tasks x 2 samples, 3 steps)."""
     from envs.spec import get_env
     from megatron_seed import recipes
@@ -54,7 +52,7 @@ def plays(tmp_path_factory):
     from megatron_seed.rollout.overlap import AnalysisPlan, FleetStream, play_overlapped
     from megatron_seed.rollout.session import RolloutSession
 
-    root = make_tiny_world(tmp_path_factory.mktemp("overlap"), n_games=3)
+    root = tiny_world  # the session's world; its first three games
     os.environ["PYTHONPATH"] = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     if ray.is_initialized():  # another module's Ray, without this PYTHONPATH
         ray.shutdown()
@@ -66,7 +64,7 @@ def plays(tmp_path_factory):
             "fleet": {"engines": 2, "max_model_len": 2048},
         }
     )
-    games = [str(g) for g in get_env("alfworld").list_tasks(root / "games", "train")]
+    games = [str(g) for g in get_env("alfworld").list_tasks(root / "games", "train")][:3]
     out = {}
     with RolloutSession(cfg, root / "model") as session:
         for pacing in PACINGS:

@@ -10,7 +10,6 @@ import pytest
 from megatron_seed.methods import METHODS
 from megatron_seed.models.parallel import spawn
 from megatron_seed.skills.library import SkillLibrary
-from megatron_seed.testbed.tiny_world import make_tiny_world
 from tests.distributed import workers
 
 GENERAL = "Look around first, then check each receptacle one by one."
@@ -26,8 +25,10 @@ SAME_STAGE2 = {"no-sft": "seed", "no-opd": "grpo", "vanilla": None, "skill-promp
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = make_tiny_world(tmp_path_factory.mktemp("methods"), n_games=4)
+def runs(tiny_world, tmp_path_factory):
+    root = tmp_path_factory.mktemp("methods")  # the session's games and model, read-only
+    for name in ("games", "model"):
+        (root / name).symlink_to(tiny_world / name, target_is_directory=True)
     SkillLibrary(GENERAL, {"pick": PICK}).save(root / "library")
     return spawn(workers.methods_one_update, 1, str(root), RUNS)[0]
 

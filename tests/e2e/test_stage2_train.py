@@ -1,7 +1,7 @@
 """Stage 2 end to end on CPU: 2 vLLM engines in Ray actors, Ray env workers on generated
-ALFWorld games (the session's `tiny_world`), the Megatron trainer; `seed train` for 3
-updates; a run stopped by SIGTERM that resumes into exactly the uninterrupted run's next
-update."""
+ALFWorld games (the session's `tiny_world`), the Megatron trainer; `seed train` for 2
+updates; a run stopped by SIGTERM during update 1 that resumes into exactly the uninterrupted
+run's update 2."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def _train(root, out, *extra):
 
 @pytest.fixture(scope="module")
 def reference(tiny_world, tmp_path_factory):
-    """An uninterrupted 3-update run: (its output folder, the finished process)."""
+    """An uninterrupted 2-update run: (its output folder, the finished process)."""
     out = tmp_path_factory.mktemp("stage2") / "out"
-    return out, _train(tiny_world, out, "--updates", "3")
+    return out, _train(tiny_world, out, "--updates", "2")
 
 
 def _rows(out) -> list[dict]:
@@ -33,11 +33,11 @@ def _rows(out) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
-def test_seed_train_three_updates(reference):
+def test_seed_train_two_updates(reference):
     out, proc = reference
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["rollout/episodes"] == 4  # B=2 tasks x N=2
         assert r["analyze/n"] >= 1
@@ -64,7 +64,7 @@ def test_seed_train_three_updates(reference):
     assert rows[0]["analyze/n"] == len(analysed)
     valid = sum(rec["analysis"]["valid"] for rec in analysed)
     assert rows[0]["analyze/valid_rate"] == pytest.approx(valid / len(analysed))
-    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
     assert (out / "final_hf" / "config.json").is_file()
 
 
@@ -109,40 +109,42 @@ def test_bad_inputs_fail_fast(tiny_world, tmp_path):
 
 
 def test_sigterm_checkpoints_and_the_resumed_run_continues_exactly(tiny_world, reference, tmp_path):
-    """SIGTERM during update 2: the run finishes it, checkpoints, exits 143; the rerun
-    resumes from that checkpoint (none lost, none repeated) and its update 3 plays and scores
-    exactly what the uninterrupted run's update 3 did (same model, games, config and seed)."""
+    """SIGTERM during update 1 (its trajectories are written, it trains): the run finishes
+    it, checkpoints, exits 143; the rerun resumes from that checkpoint (none lost, none
+    repeated) and its update 2 plays and scores exactly what the uninterrupted run's update 2
+    did (same model, games, config and seed)."""
     import os
     import signal
     import time
 
     root, (done_dir, _) = tiny_world, reference
-    want_path = done_dir / "trajectories" / "update_00002.jsonl"
+    want_path = done_dir / "trajectories" / "update_00001.jsonl"
     assert want_path.is_file(), "the uninterrupted run did not finish"
     out = tmp_path / "preempted"
-    cmd = train_command(root, out, CONFIG, "--updates", "3")
+    cmd = train_command(root, out, CONFIG, "--updates", "2")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    played = out / "trajectories" / "update_00000.jsonl"  # written before update 1 trains
     deadline = time.monotonic() + 900
-    while len(_rows(out)) < 1 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGTERM)  # update 2 is under way
+    while not played.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGTERM)  # update 1 is under way
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 143, stderr[-3000:]
-    assert "preempted after update 2" in stdout
-    assert [r["step"] for r in _rows(out)] == [1, 2]
-    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    assert "preempted after update 1" in stdout
+    assert [r["step"] for r in _rows(out)] == [1]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
     assert not (out / "final_hf").exists()
-    proc = _train(root, out, "--updates", "3")
+    proc = _train(root, out, "--updates", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["step"] for r in _rows(out)] == [1, 2, 3]  # none lost, none repeated
+    assert [r["step"] for r in _rows(out)] == [1, 2]  # none lost, none repeated
     assert not (out / "preempted.json").exists()
-    resumed = (out / "trajectories" / "update_00002.jsonl").read_text().splitlines()
+    resumed = (out / "trajectories" / "update_00001.jsonl").read_text().splitlines()
     want = want_path.read_text().splitlines()
     fields = ("task_id", "turns", "reward", "won", "skill")
     assert [{k: json.loads(x)[k] for k in fields} for x in resumed] == [
         {k: json.loads(x)[k] for k in fields} for x in want
     ]
-    (done,) = [r for r in _rows(done_dir) if r["step"] == 3]
+    (done,) = [r for r in _rows(done_dir) if r["step"] == 2]
     again = _rows(out)[-1]
     for key in ("train/loss/total", "train/loss/opd", "rollout/success"):
         assert again[key] == pytest.approx(done[key], rel=1e-6, abs=1e-9), key

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -64,13 +63,12 @@ def test_qkv_interleave_matches_hand_layout():
     assert all(torch.equal(a, b) for a, b in zip(back, (q, k, v), strict=True))
 
 
-def _seed(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "megatron_seed.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _seed(capsys: pytest.CaptureFixture, *args: str) -> SimpleNamespace:
+    """`seed ARGS` in this process (the inputs are refused before any rank starts)."""
+    from megatron_seed import cli
+
+    code = cli.main(list(args))
+    return SimpleNamespace(returncode=code, stderr=capsys.readouterr().err)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +84,7 @@ def _copy(src, dst, skip=()):
     return dst
 
 
-def test_cli_bad_inputs(tiny, tmp_path):
+def test_cli_bad_inputs(tiny, tmp_path, capsys):
     cases = {
         "no config.json": _copy(tiny, tmp_path / "a", skip={"config.json"}),
         "no *.safetensors": _copy(tiny, tmp_path / "b", skip={"model.safetensors"}),
@@ -99,11 +97,19 @@ def test_cli_bad_inputs(tiny, tmp_path):
     (vocab / "config.json").write_text(json.dumps({**cfg, "vocab_size": 512}))
     cases["vocab mismatch"] = vocab
     for msg, path in cases.items():
-        r = _seed("check-parity", "--hf", str(path))
+        r = _seed(capsys, "check-parity", "--hf", str(path))
         assert r.returncode == 2, (msg, r.stderr)
         assert msg in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
     r = _seed(
-        "convert", "hf-to-megatron", "--hf", str(tiny), "--out", str(tmp_path / "o"), "--tp", "4"
+        capsys,
+        "convert",
+        "hf-to-megatron",
+        "--hf",
+        str(tiny),
+        "--out",
+        str(tmp_path / "o"),
+        "--tp",
+        "4",
     )
     assert r.returncode == 2 and "TP=4 does not divide the attention heads" in r.stderr
 

@@ -12,7 +12,6 @@ pytest.importorskip("alfworld")
 pytest.importorskip("textworld")
 
 from envs.alfworld.env import AlfWorldEnv, expert_plan, find_games, game_family
-from envs.alfworld.games import generate_games
 from envs.alfworld.oracle import EmbeddedAnalyzer, analyze_record, game_facts, replay
 from envs.alfworld.prompt import (
     SYSTEM_PROMPT,
@@ -84,9 +83,8 @@ def _policies(plan: list[str], family: str = "") -> dict[str, tuple[list[str], i
 
 
 @pytest.fixture(scope="module")
-def episodes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], TrajectoryRecord]:
-    root = tmp_path_factory.mktemp("skill_games")
-    generate_games(root, "train", n=6, seed=11)
+def episodes(alfworld_games: Path) -> dict[tuple[str, str], TrajectoryRecord]:
+    root = alfworld_games  # the session's games (`tests/fixtures.py`): one per family
     out = {}
     env = AlfWorldEnv()
     for game in find_games(root, "train"):
