@@ -215,7 +215,9 @@ def gpu_switches(on_gpu: bool, tp: int, use_te: bool, main_grad: bool = False) -
       local spec's softmax): fused elementwise kernels.
     - with Transformer Engine: `apply_rope_fusion` (TE's fused RoPE) and, for a model whose
       parameters carry DDP's fp32 `main_grad` (`main_grad`: the trained policy, not the frozen
-      reference), `gradient_accumulation_fusion` (weight-gradient GEMMs accumulate into it).
+      reference), `gradient_accumulation_fusion` (weight-gradient GEMMs accumulate into it)
+      where megatron-core can run it: its own linear layers (the output layer among them)
+      refuse the switch without APEX's `fused_weight_gradient_mlp_cuda` extension.
     """
     return {
         "sequence_parallel": on_gpu and tp > 1,
@@ -223,8 +225,16 @@ def gpu_switches(on_gpu: bool, tp: int, use_te: bool, main_grad: bool = False) -
         "bias_activation_fusion": on_gpu,
         "masked_softmax_fusion": on_gpu,
         "apply_rope_fusion": on_gpu and use_te,
-        "gradient_accumulation_fusion": on_gpu and use_te and main_grad,
+        "gradient_accumulation_fusion": on_gpu and use_te and main_grad and wgrad_fusion(),
     }
+
+
+def wgrad_fusion() -> bool:
+    """Whether megatron-core's linear layers accept `gradient_accumulation_fusion`: its own
+    check, that APEX's `fused_weight_gradient_mlp_cuda` extension imports."""
+    from megatron.core.tensor_parallel import layers
+
+    return bool(layers._grad_accum_fusion_available)
 
 
 class LocalRMSNorm(torch.nn.RMSNorm):

@@ -4,6 +4,7 @@ no TransformerConfig field is dropped silently, and checkpoints carry the CUDA R
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -274,12 +275,14 @@ def test_tp_ranks_read_only_their_shard_and_get_what_the_whole_tensor_gives(tmp_
         assert torch.equal(shards[names[0], r], embed)
 
 
-def test_gpu_switches_turn_on_the_fused_and_overlapped_paths_only_on_gpus():
+def test_gpu_switches_turn_on_the_fused_and_overlapped_paths_only_on_gpus(monkeypatch):
+    from megatron.core.tensor_parallel import layers
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_seed.models.qwen import gpu_switches, transformer_config
 
     assert not any(gpu_switches(False, 4, True, main_grad=True).values())
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)  # APEX's extension
     on = gpu_switches(True, 2, True, main_grad=True)
     assert all(on.values()), on
     assert not gpu_switches(True, 1, True)["sequence_parallel"]  # nothing to split at TP=1
@@ -361,3 +364,22 @@ def test_colocated_trainer_hands_its_optimizer_and_grads_to_the_engines(monkeypa
         "optimizer->gpu",
         "grads back",
     ]
+
+
+def test_wgrad_fusion_only_where_megatron_core_can_run_it(monkeypatch):
+    """megatron-core's ColumnParallelLinear (the output layer) raises at construction when
+    `gradient_accumulation_fusion` is on and APEX's `fused_weight_gradient_mlp_cuda` does not
+    import (megatron-core 0.16.1 tensor_parallel/layers.py): the switch follows that check."""
+    from megatron.core.tensor_parallel import layers
+
+    from megatron_seed.models.qwen import gpu_switches
+
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)  # no APEX (the image)
+    assert not gpu_switches(True, 2, True, main_grad=True)["gradient_accumulation_fusion"]
+    assert gpu_switches(True, 2, True, main_grad=True)["apply_rope_fusion"]  # TE's, no APEX
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
+    assert gpu_switches(True, 2, True, main_grad=True)["gradient_accumulation_fusion"]
+    # the check is megatron-core's own: the layer refuses the switch without the extension
+    source = Path(layers.__file__).read_text()
+    assert "import fused_weight_gradient_mlp_cuda" in source
+    assert "gradient_accumulation_fusion and not _grad_accum_fusion_available" in source
