@@ -15,7 +15,6 @@ inside each segment and RoPE restarts at each (Transformer Engine's kernels on G
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -110,13 +109,14 @@ def run_schedule(
 
 def token_multiple(config: Any) -> int:
     """What tokens per micro-batch must be a multiple of for a model with this
-    `TransformerConfig`: the FP8 recipe's block (`models.fp8`) and, under sequence
-    parallelism, the TP size (the sequence is split over the TP ranks)."""
+    `TransformerConfig`: the FP8 recipe's block (`models.fp8`) on every rank's rows. Under
+    sequence parallelism the sequence is split over the TP ranks and Transformer Engine checks
+    the FP8 shapes on each rank's shard (s / TP rows), so the block times the TP size."""
     from megatron_seed.models.fp8 import seq_multiple
 
     fp8 = seq_multiple(getattr(config, "fp8_recipe", None) if config.fp8 else None)
     tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
-    return math.lcm(fp8, tp)
+    return fp8 * tp
 
 
 def check_seq_multiple(config: Any, s: int) -> None:

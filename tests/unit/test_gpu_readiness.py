@@ -191,7 +191,7 @@ def test_the_schedule_refuses_micro_batches_off_the_block():
     logprobs.check_seq_multiple(_config("tensorwise"), 64)
     with pytest.raises(ValueError, match="multiple of 32 tokens, got 48"):
         logprobs.check_seq_multiple(_config("mxfp8"), 48)
-    # sequence parallelism splits the sequence over TP ranks: lcm with the FP8 block
+    # sequence parallelism splits the sequence over TP ranks: the block on every shard
     assert logprobs.token_multiple(_config(tp=4)) == 1
     assert logprobs.token_multiple(_config(tp=4, sp=True)) == 4
     assert logprobs.token_multiple(_config("delayed", tp=3, sp=True)) == 48
@@ -383,3 +383,32 @@ def test_wgrad_fusion_only_where_megatron_core_can_run_it(monkeypatch):
     source = Path(layers.__file__).read_text()
     assert "import fused_weight_gradient_mlp_cuda" in source
     assert "gradient_accumulation_fusion and not _grad_accum_fusion_available" in source
+
+
+def _te_accepts(s: int, recipe: str | None, tp: int, sp: bool) -> bool:
+    """Transformer Engine's rule, written from its checks: `assert_dim_for_fp8_exec`
+    (pytorch/utils.py) wants an FP8 GEMM input's rows, the product of its leading dims, a
+    multiple of 8, and TE 2.20.2's layernorm_linear applies it to the rank's own input,
+    which under sequence parallelism is its s / TP rows of the sequence; the recipes' blocks
+    (`models.fp8`: 16, 32, 128) are multiples of TE's 8 and stand in for it here."""
+    block = {None: 1, "delayed": 16, "tensorwise": 16, "mxfp8": 32, "blockwise": 128}[recipe]
+    if sp and s % tp:
+        return False  # the sequence does not split evenly over the ranks
+    rows = s // tp if sp else s
+    return rows % block == 0
+
+
+@pytest.mark.parametrize("recipe", [None, "delayed", "mxfp8", "blockwise"])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_token_multiple_is_what_te_accepts_on_every_rank(recipe, tp):
+    """At TP 4 with FP8 (the 32B and 72B recipes), s = 48 is a multiple of lcm(16, 4) but
+    gives each rank 12 rows, which TE refuses: the check agrees with TE's rule for every s."""
+    for sp in (False, True):
+        config = _config(recipe, tp=tp, sp=sp)
+        for s in range(1, 2 * 128 * tp + 1):
+            try:
+                logprobs.check_seq_multiple(config, s)
+                ours = True
+            except ValueError:
+                ours = False
+            assert ours == _te_accepts(s, recipe, tp, sp), (recipe, tp, sp, s)
