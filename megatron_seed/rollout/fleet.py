@@ -100,6 +100,21 @@ class FleetAddress:
 # ------------------------------------------------------------------ actors
 
 
+def engine_env(threads: int) -> dict[str, str]:
+    """Environment variables of an engine actor (and of vLLM's TP workers, which inherit its
+    runtime environment). `CUDA_DEVICE_MAX_CONNECTIONS` is CUDA's default (8): the trainer's
+    ranks set 1 for Megatron's overlapped TP communication (`models.parallel`), and a Ray
+    started from a rank would hand that one hardware queue to every engine on the node."""
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "8",
+    }
+
+
 class _EngineActor:
     """Holds one VLLMEngine; the methods are the fleet's remote calls."""
 
@@ -656,16 +671,9 @@ class Fleet:
 
         kwargs = dict(self.engine_kwargs)
         kwargs.setdefault("seed", index)  # distinct streams when a request has no seed
-        env = {
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-            "OMP_NUM_THREADS": str(self.threads_per_engine),
-            "MKL_NUM_THREADS": str(self.threads_per_engine),
-            "TOKENIZERS_PARALLELISM": "false",
-        }
         options: dict[str, Any] = dict(
             max_restarts=0,  # restarts are ours: Ray's would reload the original checkpoint
-            runtime_env={"env_vars": env},
+            runtime_env={"env_vars": engine_env(self.threads_per_engine)},
             **self._resources,
         )
         if self._resources["num_gpus"]:

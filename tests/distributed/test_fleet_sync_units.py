@@ -244,3 +244,15 @@ def test_an_engine_lost_with_its_node_fails_at_once_when_no_gpu_is_free(monkeypa
     fleet._resources["num_gpus"] = 0.0
     monkeypatch.setattr(ray, "available_resources", lambda: {})
     fleet._check_node(1, "ActorDiedError")  # a CPU engine needs no GPU to restart
+
+
+def test_engines_do_not_inherit_the_trainers_single_cuda_queue(monkeypatch):
+    """A trainer rank sets CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's TP overlap); engines
+    started from it run with CUDA's default, through the runtime environment their vLLM TP
+    workers inherit."""
+    from megatron_seed.rollout.fleet import engine_env
+
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    env = engine_env(3)
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
