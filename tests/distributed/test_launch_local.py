@@ -55,10 +55,11 @@ def test_local_launch_runs_a_two_rank_job(job_script: Path, tmp_path: Path) -> N
         _two_rank_tiny_plan(),
         JobCommand(str(job_script), (str(out), "0"), is_module=False),
         nemorun_home=str(tmp_path / "nemorun"),
+        env={"SEED_OUT_DIR": str(out)},  # what `seed launch --out` passes to `seed train`
     )
     assert outcome.state == "SUCCEEDED" and outcome.succeeded
-    for rank in (0, 1):
-        assert (out / f"rank{rank}.txt").read_text() == "2 3 -"
+    for rank in (0, 1):  # world size, the all-reduced sum, the job's output folder
+        assert (out / f"rank{rank}.txt").read_text() == f"2 3 {out}"
     assert outcome.logs(), "torchrun's per-rank logs are under the job dir"
 
 

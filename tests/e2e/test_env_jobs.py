@@ -56,7 +56,7 @@ def world(tmp_path_factory) -> Path:
 def test_one_seed_train_update_and_seed_eval_on_search(world: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     config = {"rollout": {"max_steps": 4, "max_prompt_tokens": 1536},
-              "fleet": {"max_model_len": 2048}}  # fmt: skip
+              "fleet": {"max_model_len": 2048, "engines": 1}}  # fmt: skip
     proc = _seed("train", "--model", str(world / "model"), "--games", str(world / "tasks"),
                  "--out", str(out), "--recipe", "tiny", "--env", "search", "--updates", "1",
                  "--config-json", json.dumps(config))  # fmt: skip

@@ -183,6 +183,7 @@ def test_one_seed_train_update_on_the_toy_game(world, tmp_path) -> None:
         sys.executable, "-m", "megatron_seed.cli", "train", "--model", str(root / "model"),
         "--games", str(tasks), "--out", str(out), "--recipe", "tiny", "--env", NAME,
         "--updates", "1", "--config-json", json.dumps(config),
+        "--engines", "1",  # the environment is under test here, not the fleet
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
