@@ -35,6 +35,7 @@ import os
 import random
 from pathlib import Path
 
+from envs.alfworld import textgen_memo
 from envs.alfworld.scenes import (
     _SCENES,
     FAMILIES,
@@ -84,8 +85,6 @@ def _play(gamefile: str, expert: str, max_steps: int = 100) -> tuple[list[str], 
         AlfredInfos,
     )
     from textworld.envs import PddlEnv
-
-    from envs.alfworld import textgen_memo
 
     textgen_memo.install()  # each template parsed once per process, not at every step
     infos = textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,15 +49,22 @@ def _two_rank_tiny_plan():
     )
 
 
-def test_local_launch_runs_a_two_rank_job(job_script: Path, tmp_path: Path) -> None:
+def _run_job(job_script: Path, tmp_path: Path, exit_code: str) -> tuple[Any, Path]:
+    """(the outcome, the job's output folder) of the two-rank job whose last rank exits
+    `exit_code`; the job gets SEED_OUT_DIR as `seed launch --out` passes it to `seed train`."""
     out = tmp_path / "out"
     out.mkdir()
     outcome = run_local(
         _two_rank_tiny_plan(),
-        JobCommand(str(job_script), (str(out), "0"), is_module=False),
+        JobCommand(str(job_script), (str(out), exit_code), is_module=False),
         nemorun_home=str(tmp_path / "nemorun"),
-        env={"SEED_OUT_DIR": str(out)},  # what `seed launch --out` passes to `seed train`
+        env={"SEED_OUT_DIR": str(out)},
     )
+    return outcome, out
+
+
+def test_local_launch_runs_a_two_rank_job(job_script: Path, tmp_path: Path) -> None:
+    outcome, out = _run_job(job_script, tmp_path, "0")
     assert outcome.state == "SUCCEEDED" and outcome.succeeded
     for rank in (0, 1):  # world size, the all-reduced sum, the job's output folder
         assert (out / f"rank{rank}.txt").read_text() == f"2 3 {out}"
@@ -64,13 +72,7 @@ def test_local_launch_runs_a_two_rank_job(job_script: Path, tmp_path: Path) -> N
 
 
 def test_local_launch_reports_a_failed_job(job_script: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    outcome = run_local(
-        _two_rank_tiny_plan(),
-        JobCommand(str(job_script), (str(out), "3"), is_module=False),
-        nemorun_home=str(tmp_path / "nemorun"),
-    )
+    outcome, out = _run_job(job_script, tmp_path, "3")
     assert outcome.state == "FAILED" and not outcome.succeeded
     assert (out / "rank0.txt").exists()  # it did run; rank 1 exited 3
 
