@@ -1,5 +1,5 @@
 # megatron-seed GPU image: a CUDA 13 base, Python 3.12, and the pinned engine stack
-# (torch 2.14.0, vLLM 0.33.0, Transformer Engine 2.20.2, megatron-core 0.16.1) with Ray,
+# (torch 2.13.0, vLLM 0.32.0, Transformer Engine 2.11.0, megatron-core 0.16.1) with Ray,
 # NeMo-Run, alfworld and this package.
 #
 # The dependencies come from the same files as the CPU install: tools/install.sh gpu reads

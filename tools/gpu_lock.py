@@ -12,10 +12,18 @@ that does not resolve fails here, not in a Docker build on a GPU cluster.
 Packages that PyPI ships only as sdists (the `# source:` lines of requirements-gpu.in:
 Transformer Engine's PyTorch extension, compiled in the image against its torch, and
 jericho) cannot be resolved for a foreign platform: each is replaced, for the resolution
-only, by a metadata wheel that declares exactly the `Requires-Dist` of its sdist's PKG-INFO.
+only, by a metadata wheel that declares the `Requires-Dist` of its sdist's PKG-INFO, with one
+correction: TE's extension requires the core library of the CUDA it is compiled with
+(`transformer_engine_cu<major>`, computed by its setup.py), and the sdist's PKG-INFO names the
+CUDA of the machine that made the sdist; the wheel names the image's (`CUDA_MAJOR`).
 pip runs from a private virtual environment with a current pip (its PEP 658 metadata
 support resolves without downloading the multi-GB CUDA wheels); the machine's pip
 configuration is ignored. Needs PyPI; about a minute.
+
+The lock records a digest of what it was resolved from (`requirements-gpu.in`,
+`requirements.txt` and its own pins): `--update` writes it after a successful resolution, so
+a lock whose digest matches its inputs is the resolution of those inputs, and the tests check
+that without the network (`lock_digest`, `inputs_digest`).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ IN_FILE = ROOT / "requirements-gpu.in"
 LOCK = ROOT / "requirements-gpu.lock"
 SHARED = ROOT / "requirements.txt"
 PYTHON = "3.12"
+CUDA_MAJOR = "13"  # the image's CUDA (the Dockerfile's BASE_IMAGE)
 # Ubuntu 24.04 (glibc 2.39): every manylinux tag it runs, newest first
 PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in range(39, 16, -1)] + [
     "manylinux2014_x86_64",
@@ -54,6 +63,7 @@ HEADER = """\
 # Written by `python tools/gpu_lock.py --update` from requirements-gpu.in + requirements.txt;
 # `python tools/gpu_lock.py` checks it still resolves to exactly this. Do not edit by hand.
 # "source" marks a package built from its sdist in the image.
+# inputs sha256: {digest}
 """
 
 
@@ -83,13 +93,39 @@ def read_lock(path: Path) -> dict[str, str]:
     return pins
 
 
+def inputs_digest(pins: dict[str, str]) -> str:
+    """sha256 of what a lock is resolved from: requirements-gpu.in, requirements.txt and
+    the pins themselves."""
+    h = hashlib.sha256()
+    for text in (IN_FILE.read_text(), SHARED.read_text()):
+        h.update(text.encode() + b"\0")
+    h.update("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())).encode())
+    return h.hexdigest()
+
+
+def lock_digest(path: Path) -> str | None:
+    """The `# inputs sha256:` a lock file records (None when it has none)."""
+    m = re.search(r"^# inputs sha256: ([0-9a-f]{64})$", path.read_text(), re.M)
+    return m.group(1) if m else None
+
+
 def write_lock(path: Path, pins: dict[str, str], sources: set[str]) -> None:
-    """The lock: sorted `name==version` lines."""
+    """The lock: sorted `name==version` lines under a header with the inputs' digest."""
     lines = [
         f"{name}=={version}" + ("  # source" if name in sources else "")
         for name, version in sorted(pins.items())
     ]
-    path.write_text(HEADER + "\n".join(lines) + "\n")
+    path.write_text(HEADER.format(digest=inputs_digest(pins)) + "\n".join(lines) + "\n")
+
+
+def as_built_in_the_image(pkg_info: str) -> str:
+    """An sdist's PKG-INFO with TE's core-library requirement for the image's CUDA."""
+    return re.sub(
+        r"^(Requires-Dist:\s*transformer[-_]engine[-_]cu)\d+",
+        rf"\g<1>{CUDA_MAJOR}",
+        pkg_info,
+        flags=re.M,
+    )
 
 
 def sdist_metadata(name: str, version: str) -> str:
@@ -159,7 +195,9 @@ def resolve(pip: list[str], lock: Path | None, sources: dict[str, str]) -> dict[
         links = Path(tmp) / "sdist-metadata"
         links.mkdir()
         for name, version in sources.items():
-            metadata_wheel(links, name, version, sdist_metadata(name, version))
+            metadata_wheel(
+                links, name, version, as_built_in_the_image(sdist_metadata(name, version))
+            )
         # the image installs TE's extension itself; its metadata wheel enters the
         # resolution as a requirement of its own, at the pinned version
         reqs = Path(tmp) / "sources.txt"
@@ -224,6 +262,8 @@ def main() -> int:
         if pins != locked:
             diff = sorted(set(pins.items()) ^ set(locked.items()))
             raise SystemExit(f"{LOCK.name} is stale (resolved vs locked differ): {diff[:10]}")
+        if lock_digest(LOCK) != inputs_digest(locked):
+            raise SystemExit(f"{LOCK.name}: its inputs digest is stale: run with --update")
         print(f"{LOCK.name}: {len(pins)} packages resolve for Python {PYTHON} linux x86-64")
     key = ("torch", "vllm", "transformer-engine", "transformer-engine-torch", "megatron-core")
     print(", ".join(f"{k}=={pins[k]}" for k in key if k in pins))

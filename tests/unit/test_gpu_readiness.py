@@ -388,7 +388,7 @@ def test_wgrad_fusion_only_where_megatron_core_can_run_it(monkeypatch):
 def _te_accepts(s: int, recipe: str | None, tp: int, sp: bool) -> bool:
     """Transformer Engine's rule, written from its checks: `assert_dim_for_fp8_exec`
     (pytorch/utils.py) wants an FP8 GEMM input's rows, the product of its leading dims, a
-    multiple of 8, and TE 2.20.2's layernorm_linear applies it to the rank's own input,
+    multiple of 8, and TE's layernorm_linear (read in 2.20.2; the check predates 2.11) applies it to the rank's own input,
     which under sequence parallelism is its s / TP rows of the sequence; the recipes' blocks
     (`models.fp8`: 16, 32, 128) are multiples of TE's 8 and stand in for it here."""
     block = {None: 1, "delayed": 16, "tensorwise": 16, "mxfp8": 32, "blockwise": 128}[recipe]

