@@ -115,10 +115,15 @@ def memory_summary(plan: LaunchPlan) -> str:
     line = f"{head}; trainer ~{mem['total']:.0f} GiB/GPU ({parts})"
     if plan.layout.colocated:
         util = plan.config.fleet.gpu_memory_utilization
-        phases = colocated_memory_gib(plan.recipe.model, p, plan.dp, plan.layout, util)
+        fleet = plan.config.fleet
+        phases = colocated_memory_gib(
+            plan.recipe.model, p, plan.dp, plan.layout, util, fleet.engine_tp,
+            fleet.sync_bucket_bytes,
+        )  # fmt: skip
         line += (
             f"; colocated: ~{phases['train']:.0f} GiB/GPU training (engines asleep), "
-            f"~{phases['generate']:.0f} GiB/GPU generating (engines at {util:g})"
+            f"~{phases['sync']:.0f} syncing, "
+            f"~{phases['generate']:.0f} generating (engines at {util:g})"
         )
     return line
 

@@ -9,7 +9,7 @@ places its engines (`engine_tp` GPUs each, never across nodes). The trainer ther
 Colocated (`fleet.colocate`, `ClusterLayout.colocated`): every GPU of a node holds one
 trainer rank and one engine worker; the engines sleep while the trainer trains and the trainer
 offloads its gradients and optimizer state while the engines generate, so the memory check
-has two phases (`colocated_memory_gib`).
+checks every phase of a colocated job: start, train, sync, generate (`colocated_memory_gib`).
 
 `ModelShape` (`megatron_seed.recipes`) holds only what the launcher needs before any
 checkpoint is at hand (parameter count, divisibility). The engines' TP is the config's
@@ -194,25 +194,44 @@ def engine_weights_gib(model: ModelShape, engine_tp: int) -> float:
 ENGINE_ASLEEP_GIB = 1.5
 
 
+def sync_staging_gib(model: ModelShape, bucket_bytes: int) -> float:
+    """The trainer's packed IPC staging buffer during a sync: the bucket, or the largest
+    exported tensor (the full bf16 embedding, vocab x hidden) when that is bigger
+    (`rollout.fleet.packed_bytes`)."""
+    return max(bucket_bytes, 2 * model.vocab * model.hidden) / GIB
+
+
 def colocated_memory_gib(
     model: ModelShape,
     parallel: ParallelConfig,
     dp: int,
     layout: ClusterLayout,
     gpu_memory_utilization: float,
+    engine_tp: int = 1,
+    bucket_bytes: int = 64 << 20,
 ) -> dict[str, float]:
-    """Peak GiB of one shared GPU in each phase of a colocated update.
+    """Peak GiB of one shared GPU in each phase of a colocated job, in the order they come.
 
+    "start": the engines take their `gpu_memory_utilization` share of the GPU (KV cache
+    profiling) before the trainer allocates anything but its CUDA runtime; then they sleep.
     "train": the trainer's whole estimate (`trainer_memory_gib`) next to a sleeping engine
-    (`ENGINE_ASLEEP_GIB`). "generate": the engine's `gpu_memory_utilization` share of the GPU
-    next to what the trainer keeps while it waits: its bf16 weights, the reference and the
-    runtime (gradient buffers freed, optimizer state offloaded to host memory:
-    `SeedTrainer.release_memory`)."""
+    (`ENGINE_ASLEEP_GIB`); the trainer is built in this phase too. Then the trainer gives
+    back its gradient buffers and optimizer state (`SeedTrainer.release_memory`), keeping
+    its bf16 weights, the reference and the runtime ("trainer_resident"). "sync": the
+    engines' weights are awake (their KV cache is not) and the trainer's IPC staging buffer
+    is filled (`sync_staging_gib`). "generate": the engine's whole share next to what the
+    trainer keeps while it waits."""
     trainer = trainer_memory_gib(model, parallel, dp, layout)
     resident = trainer["weights_bf16"] + trainer["reference_bf16"] + trainer["runtime"]
+    share = gpu_memory_utilization * layout.gpu_memory_gib
     return {
+        "start": trainer["runtime"] + share,
         "train": trainer["total"] + ENGINE_ASLEEP_GIB,
-        "generate": resident + gpu_memory_utilization * layout.gpu_memory_gib,
+        "sync": resident
+        + ENGINE_ASLEEP_GIB
+        + engine_weights_gib(model, engine_tp)
+        + sync_staging_gib(model, bucket_bytes),
+        "generate": resident + share,
         "trainer_resident": resident,
     }
 
@@ -287,7 +306,16 @@ def _check_memory(model: ModelShape, config: SeedConfig, layout: ClusterLayout, 
     budget = layout.gpu_memory_gib * layout.memory_headroom
     if layout.colocated:
         util = config.fleet.gpu_memory_utilization
-        phases = colocated_memory_gib(model, parallel, dp, layout, util)
+        phases = colocated_memory_gib(
+            model, parallel, dp, layout, util, engine_tp, config.fleet.sync_bucket_bytes
+        )
+        if phases["sync"] > budget:
+            raise LayoutError(
+                f"colocated: during a weight sync the trainer's resident "
+                f"~{phases['trainer_resident']:.0f} GiB, the engine's weights and the IPC "
+                f"staging buffer need ~{phases['sync']:.0f} GiB per GPU (budget "
+                f"{budget:.0f} GiB): raise TP×PP or engine TP, or lower fleet.sync_bucket_bytes"
+            )
         if phases["generate"] > budget:
             fits = (budget - phases["trainer_resident"]) / layout.gpu_memory_gib
             raise LayoutError(

@@ -29,6 +29,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,10 +213,13 @@ def sync(run: Run, verify: bool = True) -> dict[str, float]:
 
 def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dict[str, float]:
     """The `train` then `sync` phases. With colocated engines (`fleet.colocate`) the GPUs
-    change hands around them: engines sleep -> the trainer takes back its optimizer state
-    -> train -> engines wake their weights -> sync -> the trainer offloads its optimizer
-    state and frees its gradients and cached activations -> engines wake their KV cache."""
-    fleet = run.side.session.fleet if run.side.session is not None else None
+    change hands around them, and nothing is taken before the other side has let it go:
+    engines sleep -> the trainer takes back its optimizer state and gradient buffers ->
+    train -> the trainer offloads its optimizer state and frees its gradients and cached
+    activations -> engines wake their weights -> sync (the trainer's bf16 weights and its
+    staging buffer beside the engines' weights) -> engines wake their KV cache -> probe.
+    `launch.layout.colocated_memory_gib` sizes each of these phases."""
+    fleet = _fleet(run.side)
     colocate = run.cfg.fleet.colocate
     metrics: dict[str, float] = {}
     if colocate:
@@ -225,20 +229,45 @@ def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dic
         run.trainer.reclaim_memory()
     with timer.time("train"):
         metrics.update(train(run, records))
-    if colocate and fleet is not None:
-        fleet.wake(["weights"])
+    if colocate:
+        run.trainer.release_memory()
+        _barrier()  # no engine takes memory back before every rank has given it
+        if fleet is not None:
+            fleet.wake(["weights"])
     if run.ahead is not None:  # the engines finish the next update's episodes first
         with timer.time("ahead_wait"):
             run.ahead.exception()
     with timer.time("sync"):
         metrics.update(sync(run, verify=not colocate))
     if colocate:
-        run.trainer.release_memory()
-        _barrier()
+        _barrier()  # every rank's staging buffer is released
         if fleet is not None:
             fleet.wake(["kv_cache"])
         metrics.update(verify_refit(run))  # the probe needs the engines' KV cache
     return metrics
+
+
+def _fleet(side: Any) -> Any:
+    """The fleet a rank's rollout side drives (None on ranks other than 0)."""
+    return side.session.fleet if side.session is not None else None
+
+
+def build_beside_engines(side: Any, build: Callable[[], Any]) -> Any:
+    """The colocated start: the engines have started and sized their share of each GPU;
+    they sleep, the trainer is built (and resumed) on the freed memory with `build()`, it
+    gives back its gradient buffers and optimizer state until it trains, and the engines
+    wake. Returns what `build` returned (its first item is the trainer when it is a tuple)."""
+    fleet = _fleet(side)
+    if fleet is not None:
+        fleet.sleep()
+    _barrier()  # no rank allocates before every engine has let its GPU go
+    built = build()
+    trainer = built[0] if isinstance(built, tuple) else built
+    trainer.release_memory()
+    _barrier()
+    if fleet is not None:
+        fleet.wake()
+    return built
 
 
 def _barrier() -> None:
@@ -253,7 +282,8 @@ def verify_refit(run: Run) -> dict[str, float]:
 
     if run.probe is None:
         return {}
-    reference = run.trainer.score(run.probe)[0, :-1].tolist()  # a collective
+    with run.trainer.without_fp8():  # the engines run bf16: compare like with like
+        reference = run.trainer.score(run.probe)[0, :-1].tolist()  # a collective
     verdict: str | dict[str, float] = {}
     if run.side.session is not None:
         ids = run.probe.input_ids[0].tolist()
@@ -703,14 +733,19 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     def rollout_side() -> RolloutSide | NoRollout:
         return RolloutSide(job, tokenizer, fleet, pool) if _rank() == 0 else NoRollout()
 
+    def build() -> tuple[SeedTrainer, Path | None]:
+        trainer = SeedTrainer(cfg, job.model_dir)
+        resumed = latest_checkpoint(out / "checkpoints")
+        if resumed is not None:
+            load_checkpoint(trainer, resumed)
+        return trainer, resumed
+
+    start = time.perf_counter()
     if cfg.fleet.colocate:  # engines size their GPU share before the trainer allocates
         side = rollout_side()
-        _barrier()
-    start = time.perf_counter()
-    trainer = SeedTrainer(cfg, job.model_dir)
-    resumed = latest_checkpoint(out / "checkpoints")
-    if resumed is not None:
-        load_checkpoint(trainer, resumed)
+        trainer, resumed = build_beside_engines(side, build)
+    else:
+        trainer, resumed = build()
     took = time.perf_counter() - start
     print(
         f"{where}: trainer built in {took:.1f} s" + (f", resumed {resumed}" if resumed else ""),

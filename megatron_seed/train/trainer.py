@@ -36,7 +36,9 @@ same losses and gradients; `pad_frac` reports the padding the model ran on.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,6 +250,28 @@ class SeedTrainer:
         that reads the weights before it (export, checkpoint) calls this first."""
         if self.model.ddp_config.overlap_param_gather:
             self.model.start_param_sync(force_sync=True)
+
+    @contextlib.contextmanager
+    def without_fp8(self) -> Iterator[None]:
+        """Forward passes inside run without FP8 GEMMs (bf16), whatever the recipe: the
+        refit probe compares the trainer's log-probs with bf16 engines', and an FP8 GEMM's
+        rounding is not a refit error. Megatron-core enters FP8 per block from its
+        `TransformerConfig.fp8`, so that switch is off inside and restored after."""
+        from megatron.core.transformer import TransformerConfig
+
+        configs = {
+            id(c): c
+            for m in self.model.modules()
+            if isinstance(c := getattr(m, "config", None), TransformerConfig)
+        }
+        saved = {key: c.fp8 for key, c in configs.items()}
+        try:
+            for c in configs.values():
+                c.fp8 = None
+            yield
+        finally:
+            for key, c in configs.items():
+                c.fp8 = saved[key]
 
     def release_memory(self) -> None:
         """Give the GPU to engines that share it (colocated mode, while they generate): the

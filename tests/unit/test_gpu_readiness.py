@@ -412,3 +412,100 @@ def test_token_multiple_is_what_te_accepts_on_every_rank(recipe, tp):
             except ValueError:
                 ours = False
             assert ours == _te_accepts(s, recipe, tp, sp), (recipe, tp, sp, s)
+
+
+def test_colocated_gpus_change_hands_only_after_the_other_side_let_go(monkeypatch):
+    """A recording fleet and trainer: at start the engines sleep before the trainer
+    allocates and wake only after it gave back its grads and optimizer state; in each update
+    the trainer frees its memory before the engines' weights wake, and the KV cache wakes
+    after the sync, before the refit probe that needs it."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from megatron_seed.pipeline import stage2
+
+    calls: list[str] = []
+
+    class Fleet:
+        def sleep(self, level: int = 1) -> None:
+            calls.append("engines sleep")
+
+        def wake(self, tags=None) -> None:
+            calls.append(f"engines wake {tags or 'all'}")
+
+    class Trainer:
+        def release_memory(self) -> None:
+            calls.append("trainer releases")
+
+        def reclaim_memory(self) -> None:
+            calls.append("trainer reclaims")
+
+    trainer, side = Trainer(), SimpleNamespace(session=SimpleNamespace(fleet=Fleet()))
+
+    def build():
+        calls.append("trainer allocates")
+        return trainer, None  # (the trainer, the checkpoint it resumed)
+
+    assert stage2.build_beside_engines(side, build) == (trainer, None)
+    assert calls == ["engines sleep", "trainer allocates", "trainer releases", "engines wake all"]
+
+    monkeypatch.setattr(stage2, "train", lambda run, records: calls.append("train") or {})
+    monkeypatch.setattr(stage2, "sync", lambda run, verify: calls.append(f"sync {verify}") or {})
+    monkeypatch.setattr(stage2, "verify_refit", lambda run: calls.append("probe") or {})
+    timer = SimpleNamespace(time=lambda phase: contextlib.nullcontext())
+    for colocate, want in (
+        (
+            True,
+            [
+                "engines sleep",
+                "trainer reclaims",
+                "train",
+                "trainer releases",
+                "engines wake ['weights']",
+                "sync False",
+                "engines wake ['kv_cache']",
+                "probe",
+            ],
+        ),
+        (False, ["train", "sync True"]),
+    ):
+        calls.clear()
+        cfg = SimpleNamespace(fleet=SimpleNamespace(colocate=colocate))
+        run = SimpleNamespace(side=side, cfg=cfg, trainer=trainer, ahead=None)
+        stage2.train_and_sync(run, [], timer)
+        assert calls == want, colocate
+
+
+def test_the_refit_probe_is_scored_without_fp8_and_the_switch_comes_back():
+    """FP8 recipes: the trainer scores the refit probe with every TransformerConfig's fp8
+    off (the engines compute in bf16, and the bf16 tolerance applies), then the recipe's
+    FP8 is back for training, also when scoring fails."""
+    from types import SimpleNamespace
+
+    from megatron.core.transformer import TransformerConfig
+
+    from megatron_seed.pipeline import stage2
+    from megatron_seed.train.trainer import SeedTrainer
+
+    def config() -> TransformerConfig:
+        c = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
+        c.fp8 = "hybrid"  # as build_gpt_model sets it for an FP8 recipe
+        return c
+
+    shared, own = config(), config()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model.config, model[0].config, model[1].config = shared, shared, own  # DDP, block, layer
+    seen: list[list[str | None]] = []
+
+    def score(batch):
+        seen.append([shared.fp8, own.fp8])
+        return torch.zeros(1, 4)
+
+    trainer = object.__new__(SeedTrainer)
+    trainer.model, trainer.score, trainer.precision = model, score, "bf16"
+    run = SimpleNamespace(probe=object(), trainer=trainer, side=stage2.NoRollout(), step=1)
+    assert stage2.verify_refit(run) == {}  # rank != 0: no engines to compare with here
+    assert seen == [[None, None]] and (shared.fp8, own.fp8) == ("hybrid", "hybrid")
+    with pytest.raises(RuntimeError, match="boom"), trainer.without_fp8():
+        raise RuntimeError("boom")
+    assert (shared.fp8, own.fp8) == ("hybrid", "hybrid")

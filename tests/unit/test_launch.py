@@ -482,6 +482,13 @@ def test_colocated_memory_is_checked_per_phase_against_hand_arithmetic() -> None
     assert phases["trainer_resident"] == pytest.approx(resident)
     assert phases["generate"] == pytest.approx(resident + 0.4 * 80)
     assert phases["train"] == pytest.approx(mem["total"] + ENGINE_ASLEEP_GIB)
+    assert phases["start"] == pytest.approx(4.0 + 0.4 * 80)  # runtime + the engines' share
+    # a sync: resident + a sleeping engine + its awake bf16 weights (engine TP 1) + the IPC
+    # staging buffer, here the full bf16 embedding (152,064 x 3,584 > the 64 MiB bucket)
+    embedding = 2 * model.vocab * model.hidden / 1024**3
+    assert embedding > 64 / 1024
+    sync = resident + ENGINE_ASLEEP_GIB + 2 * model.params / 1024**3 + embedding
+    assert phases["sync"] == pytest.approx(sync)
     # the default 0.85 share leaves no room for the trainer: the error names what fits
     with pytest.raises(PlanError, match=r"gpu_memory_utilization <= (0\.\d\d)") as info:
         make_plan("qwen2.5-7b", 1, colocate=True)
@@ -491,6 +498,11 @@ def test_colocated_memory_is_checked_per_phase_against_hand_arithmetic() -> None
     make_plan("qwen2.5-7b", 1, colocate=True, config_json=at % fits)  # fits
     with pytest.raises(PlanError, match="exceed the budget"):
         make_plan("qwen2.5-7b", 1, colocate=True, config_json=at % round(fits + 0.02, 2))
+    # a sync whose staging buffer does not fit beside the engines' weights fails by name
+    big = '{"fleet": {"gpu_memory_utilization": 0.4, "sync_bucket_bytes": %d}}' % (40 << 30)
+    need = resident + ENGINE_ASLEEP_GIB + 2 * model.params / 1024**3 + 40
+    with pytest.raises(PlanError, match=f"during a weight sync .* ~{need:.0f} GiB per GPU"):
+        make_plan("qwen2.5-7b", 1, colocate=True, config_json=big)
 
 
 def test_colocated_bad_input_is_one_line() -> None:
