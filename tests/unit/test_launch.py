@@ -499,7 +499,7 @@ def test_colocated_memory_is_checked_per_phase_against_hand_arithmetic() -> None
     with pytest.raises(PlanError, match="exceed the budget"):
         make_plan("qwen2.5-7b", 1, colocate=True, config_json=at % round(fits + 0.02, 2))
     # a sync whose staging buffer does not fit beside the engines' weights fails by name
-    big = '{"fleet": {"gpu_memory_utilization": 0.4, "sync_bucket_bytes": %d}}' % (40 << 30)
+    big = json.dumps({"fleet": {"gpu_memory_utilization": 0.4, "sync_bucket_bytes": 40 << 30}})
     need = resident + ENGINE_ASLEEP_GIB + 2 * model.params / 1024**3 + 40
     with pytest.raises(PlanError, match=f"during a weight sync .* ~{need:.0f} GiB per GPU"):
         make_plan("qwen2.5-7b", 1, colocate=True, config_json=big)
