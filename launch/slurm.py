@@ -123,10 +123,15 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
     # (all the job's tasks) and start one head or health check per task
     step = f"srun --overlap --ntasks-per-node=1 {cflags}".rstrip()
     ray_env, gpus = "", f" --num-gpus={lay.fleet_gpus_per_node}"  # a CPU job: logical GPUs
+    ray_step = step
     if lay.on_gpu:
         first = lay.fleet_first_gpu
         devices = ",".join(str(i) for i in range(first, first + lay.fleet_gpus_per_node))
         ray_env = f"env CUDA_VISIBLE_DEVICES={devices} "
+        # the Ray steps ask for the node's GPUs outright (shared with the trainer's step by
+        # --overlap): a step's cgroup opens only its own GRES under ConstrainDevices, and
+        # whether a step inherits the job's GPUs by default differs between Slurm releases
+        ray_step = f"{step} --gpus-per-node={lay.gpus_per_node}"
     health = (
         f'{step} --nodes=1 --ntasks=1 -w "$head_node" python -m launch.ray_health '
         f'--address "$RAY_ADDRESS" --timeout {opts.ray_timeout_s}'
@@ -147,7 +152,7 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
         "export RAY_AUTH_TOKEN=\"$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"",
         "set -x",
         "# 1. Ray head on the first node",
-        f'{step} --nodes=1 --ntasks=1 -w "$head_node" --output={log_dir}/head-%j.out '
+        f'{ray_step} --nodes=1 --ntasks=1 -w "$head_node" --output={log_dir}/head-%j.out '
         f'{ray_env}ray start --head --block --temp-dir="$ray_tmp" --node-ip-address="$head_node_ip" '
         f"--port={opts.ray_port}{gpus} --disable-usage-stats &",
     ]
@@ -156,7 +161,7 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
             "# 2. health wait: the head answers before workers connect",
             f"{health} --nodes 1 || {{ echo 'Ray head did not come up'; exit 1; }}",
             f"# 3. Ray workers on the other {plan.nodes - 1} node(s)",
-            f'{step} --nodes={plan.nodes - 1} --ntasks={plan.nodes - 1} --exclude="$head_node" '
+            f'{ray_step} --nodes={plan.nodes - 1} --ntasks={plan.nodes - 1} --exclude="$head_node" '
             f"--output={log_dir}/worker-%j-%t.out "
             f'{ray_env}ray start --block --temp-dir="$ray_tmp" --address="$RAY_ADDRESS"{gpus} '
             "--disable-usage-stats &",

@@ -395,6 +395,11 @@ def test_slurm_script_layout_and_order(scripts, nodes: int, container: bool) -> 
     workers = [i for i, ln in enumerate(lines) if "ray start" in ln and "--head" not in ln]
     assert lines[head].endswith("&") and "--overlap" in lines[head]
     assert "CUDA_VISIBLE_DEVICES=4,5,6,7" in lines[head] and "--num-gpus=4" in lines[head]
+    # the Ray steps hold the node's GPUs as a step (ConstrainDevices opens only a step's
+    # own GRES); the health checks need none
+    for i in (head, *workers):
+        assert "--overlap" in lines[i] and "--gpus-per-node=8" in lines[i], lines[i]
+    assert "--gpus-per-node" not in lines[final_wait]
     assert "exit 1" in lines[final_wait] and not lines[final_wait].endswith("&")
     if nodes == 1:
         assert workers == []
