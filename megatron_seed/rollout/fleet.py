@@ -237,12 +237,11 @@ class _FleetState:
     def get_settings(self) -> dict[str, Any]:
         return self.settings
 
-    def stage(self, bucket: FlatBucket) -> int:
-        """Keep one bucket ("memory"): one object in the store, owned by this actor (the
-        sender's object, and the sender, may be gone by the time a restart needs it)."""
-        import ray
-
-        self._staged.append(_Kept(bucket.names, ref=ray.put(bucket)))
+    def stage(self, names: list[str], refs: list[Any]) -> int:
+        """Keep one bucket ("memory"): `refs[0]`, its one object in the store, which the
+        sender put with this actor as its owner (so it outlives the sender, and is never
+        copied: wrapped in a list, the ref arrives unresolved)."""
+        self._staged.append(_Kept(names, ref=refs[0]))
         return len(self._staged)
 
     def stage_file(self, names: list[str], path: str) -> int:
@@ -304,17 +303,21 @@ class _Replay:
             self.add_bucket(self.pending)
         self.pending, self.size = [], 0
 
-    def add_bucket(self, bucket: list[tuple[str, torch.Tensor]], ref: Any = None) -> None:
-        """Keep one whole bucket (host tensors; `ref`: the same bucket already flattened in
-        the object store)."""
+    def put(self, bucket: list[tuple[str, torch.Tensor]]) -> Any:
+        """`bucket` flattened into the object store once, owned by the state actor."""
         import ray
 
+        return ray.put(flatten_bucket(bucket), _owner=self.state)
+
+    def add_bucket(self, bucket: list[tuple[str, torch.Tensor]], ref: Any = None) -> None:
+        """Keep one whole bucket (host tensors; `ref`: the same bucket already in the object
+        store, put by `put`)."""
         self.last_add = time.monotonic()
         if self.mode == "off":
             return
         if self.mode == "memory":
-            ref = ref if ref is not None else ray.put(flatten_bucket(bucket))
-            self.acks.append(self.state.stage.remote(ref))
+            ref = ref if ref is not None else self.put(bucket)
+            self.acks.append(self.state.stage.remote([n for n, _ in bucket], [ref]))
         else:
             from safetensors.torch import save_file
 
@@ -917,7 +920,6 @@ class Fleet:
         Read on the host, so not through the trainer's transport: each bucket goes into the
         object store once and every engine reloads it in place (the restart path), and it
         becomes the replay copy."""
-        import ray
 
         from megatron_seed.models.convert import HFCheckpoint
 
@@ -929,7 +931,7 @@ class Fleet:
         try:
             weights = ((n, ckpt.get(n).to(dtype)) for n in ckpt.names())
             for bucket in iter_buckets(weights, bucket_bytes):
-                ref = ray.put(flatten_bucket(bucket))
+                ref = replay.put(bucket)  # the engines' bucket and the replay copy's
                 replay.add_bucket(bucket, ref)
                 self._run([_Work(e, [0], "load_bucket", (ref,)) for e in range(self.num_engines)])
                 total += sum(tensor_bytes(t) for _, t in bucket)

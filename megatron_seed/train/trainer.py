@@ -235,6 +235,7 @@ class SeedTrainer:
         self.state = TrainerState()
         self._metric_keys = _metric_keys(cfg)
         self._released = False  # optimizer state and grad buffers off the GPU
+        self._fp8_warm: set[int] = set()  # models whose delayed FP8 scales have history
 
     @property
     def seq_multiple(self) -> int:
@@ -370,6 +371,7 @@ class SeedTrainer:
         layout; position s - 1 holds 0, and when packed so does every position from n - 1 on
         (no target there; padded rows hold whatever the padding predicts)."""
         model = self.model if model is None else model
+        self._warm_fp8(batch, model)
         if self.cfg.optim.micro_batch_tokens:
             return self._score_packed(batch, model)
         n = batch.input_ids.shape[0]
@@ -382,6 +384,19 @@ class SeedTrainer:
             dist.all_gather(parts, local.contiguous(), group=_ps().get_data_parallel_group())
             local = torch.cat(parts, dim=0)
         return local[:n].cpu()
+
+    def _warm_fp8(self, batch: TokenBatch, model: Any) -> None:
+        """Delayed-scaling FP8 takes each tensor's scale from the amax history of earlier
+        passes, and a model's first FP8 pass has none (every scale 1.0): update 0's theta_old
+        and reference log-probs would be scored with it. So a model's first FP8-scored batch
+        is run once more before it counts: the discarded pass fills the history (a
+        collective, like every score; other recipes scale from the tensor at hand)."""
+        if self.cfg.parallel.fp8_recipe != "delayed" or id(model) in self._fp8_warm:
+            return
+        if not getattr(getattr(model, "config", None), "fp8", None):
+            return  # scored without FP8 (`without_fp8`): nothing to warm yet
+        self._fp8_warm.add(id(model))
+        self.score(batch, model)  # fills the amax history; its log-probs are dropped
 
     def _score_packed(self, batch: TokenBatch, model: Any) -> torch.Tensor:
         """`score` over packed rows: this rank's rows, gathered over DP, unpacked."""

@@ -186,29 +186,63 @@ def test_state_replays_partially_overridden_syncs_in_order():
 def _state_replays(ray):
     state = _FleetState()
 
-    def bucket(names, value):
-        return ws.flatten_bucket([(n, torch.full((2,), float(value))) for n in names])
+    def bucket(names, value):  # (names, [ref]) as the sender stages a bucket
+        flat = ws.flatten_bucket([(n, torch.full((2,), float(value))) for n in names])
+        return names, [ray.put(flat)]
 
-    state.stage(bucket(["a", "b"], 1))
-    state.stage(bucket(["c"], 1))
+    state.stage(*bucket(["a", "b"], 1))
+    state.stage(*bucket(["c"], 1))
     state.commit()
-    state.stage(bucket(["b"], 2))  # partial sync: only b changes
+    state.stage(*bucket(["b"], 2))  # partial sync: only b changes
     state.commit()
     replay = {}
     for b in state.kept:
         replay.update(dict(ws.unflatten_bucket(ray.get(b.ref))))
     assert {k: float(v[0]) for k, v in replay.items()} == {"a": 1.0, "b": 2.0, "c": 1.0}
     assert len(state.kept) == 3
-    state.stage(bucket(["a", "b", "c"], 3))  # full sync drops everything older
+    state.stage(*bucket(["a", "b", "c"], 3))  # full sync drops everything older
     state.commit()
     assert len(state.kept) == 1
-    state.stage(bucket(["a"], 9))
+    state.stage(*bucket(["a"], 9))
     state.abort()  # a failed sync leaves the last committed weights
     assert len(state.kept) == 1 and state.syncs == 3
     state.stage_file(["a", "b", "c"], "/replay/x.safetensors")
     assert state.commit() == []  # the in-memory bucket it overrode has no file
     state.stage_file(["a", "b", "c"], "/replay/y.safetensors")
     assert state.commit() == ["/replay/x.safetensors"]  # overridden: delete it
+
+
+def test_a_replay_bucket_is_one_object_owned_by_the_state(monkeypatch):
+    """The sender puts each replay bucket into the object store once, with the state actor
+    as its owner (it outlives the sender), and hands the state the ref itself: no second
+    copy is put anywhere. A bucket the engines load (`load_model`) is the same object."""
+    import ray
+
+    from megatron_seed.rollout.fleet import _Replay
+
+    puts: list[tuple[list[str], object]] = []
+
+    def put(value, *, _owner=None):
+        puts.append((value.names, _owner))
+        return f"ref{len(puts)}"
+
+    monkeypatch.setattr(ray, "put", put)
+    real = _FleetState()
+
+    class Remote:  # the state actor's handle: .stage.remote(...) runs the real method
+        def __init__(self, method):
+            self.remote = method
+
+    state = type("Handle", (), {"stage": Remote(real.stage)})()
+    replay = _Replay(state, "memory", None, bucket_bytes=1)
+    for name, tensor in _stream(1)[:3]:
+        replay.add(name, tensor)
+    replay.flush()
+    ref = replay.put([("lm_head.weight", torch.zeros(2))])  # load_model's shared bucket
+    replay.add_bucket([("lm_head.weight", torch.zeros(2))], ref)
+    assert [owner for _, owner in puts] == [state] * 4  # 3 buckets + the shared one
+    assert [k.ref for k in real._staged] == ["ref1", "ref2", "ref3", "ref4"]
+    assert [k.names for k in real._staged] == [names for names, _ in puts]
 
 
 def test_balanced_chunks_are_contiguous_and_cover_all():

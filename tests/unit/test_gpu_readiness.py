@@ -509,3 +509,53 @@ def test_the_refit_probe_is_scored_without_fp8_and_the_switch_comes_back():
     with pytest.raises(RuntimeError, match="boom"), trainer.without_fp8():
         raise RuntimeError("boom")
     assert (shared.fp8, own.fp8) == ("hybrid", "hybrid")
+
+
+def test_delayed_fp8_scores_each_models_first_batch_twice(monkeypatch):
+    """Delayed scaling: a model's first FP8-scored batch runs once more before it counts (the
+    discarded pass fills the amax history update 0 would otherwise score without); later
+    batches, passes without FP8 and the other recipes run once."""
+    from types import SimpleNamespace
+
+    from megatron_seed.train import trainer as trainer_mod
+    from megatron_seed.train.trainer import SeedTrainer
+
+    passes: list[str] = []
+
+    def token_logprobs(model, ids, micro_batch_size):
+        passes.append(f"{model.name} fp8={model.config.fp8}")
+        return torch.zeros(ids.shape)
+
+    monkeypatch.setattr(trainer_mod, "token_logprobs", token_logprobs)
+    monkeypatch.setattr(SeedTrainer, "dp", property(lambda self: (0, 1)))
+    batch = SimpleNamespace(input_ids=torch.ones(1, 3, dtype=torch.long))  # what score reads
+    for recipe, want in (
+        (
+            "delayed",
+            [
+                "policy fp8=None",  # the refit probe without FP8: nothing warmed
+                "policy fp8=hybrid",  # the first FP8 batch: discarded ...
+                "policy fp8=hybrid",  # ... and scored
+                "policy fp8=hybrid",  # warm from now on
+                "reference fp8=hybrid",  # the reference has its own scales
+                "reference fp8=hybrid",
+            ],
+        ),
+        ("tensorwise", ["policy fp8=None"] + ["policy fp8=hybrid"] * 2 + ["reference fp8=hybrid"]),
+    ):
+        passes.clear()
+        trainer = object.__new__(SeedTrainer)
+        trainer.cfg = SimpleNamespace(
+            parallel=SimpleNamespace(fp8_recipe=recipe),
+            optim=SimpleNamespace(micro_batch_tokens=0, micro_batch_size=1),
+        )
+        trainer._fp8_warm = set()
+        policy = SimpleNamespace(name="policy", config=SimpleNamespace(fp8=None))
+        reference = SimpleNamespace(name="reference", config=SimpleNamespace(fp8="hybrid"))
+        trainer.model = policy
+        trainer.score(batch)  # as inside without_fp8
+        policy.config.fp8 = "hybrid"
+        trainer.score(batch)
+        trainer.score(batch)
+        trainer.score(batch, reference)
+        assert passes == want, recipe
