@@ -238,10 +238,13 @@ class _FleetState:
         return self.settings
 
     def stage(self, names: list[str], refs: list[Any]) -> int:
-        """Keep one bucket ("memory"): `refs[0]`, its one object in the store, which the
-        sender put with this actor as its owner (so it outlives the sender, and is never
-        copied: wrapped in a list, the ref arrives unresolved)."""
-        self._staged.append(_Kept(names, ref=refs[0]))
+        """Keep one bucket ("memory"): the sender's object `refs[0]` copied into one owned by
+        this actor (the sender, and its objects, may be gone by the time a restart needs
+        it; Ray has no way to hand an object's ownership over). The sender drops its own
+        as soon as this returns (`_Replay.MAX_STAGING`)."""
+        import ray
+
+        self._staged.append(_Kept(names, ref=ray.put(ray.get(refs[0]))))
         return len(self._staged)
 
     def stage_file(self, names: list[str], path: str) -> int:
@@ -283,6 +286,7 @@ class _Replay:
         self.pending: list[tuple[str, torch.Tensor]] = []
         self.size, self.last_key, self.count = 0, None, 0
         self.acks: list[Any] = []
+        self.settled = 0  # acks already waited for
         self.last_add = time.monotonic()
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
@@ -303,21 +307,27 @@ class _Replay:
             self.add_bucket(self.pending)
         self.pending, self.size = [], 0
 
-    def put(self, bucket: list[tuple[str, torch.Tensor]]) -> Any:
-        """`bucket` flattened into the object store once, owned by the state actor."""
-        import ray
-
-        return ray.put(flatten_bucket(bucket), _owner=self.state)
+    # buckets whose sender-side object may wait for the state actor's copy: beyond this
+    # the sender waits, so a sync never holds more than this many buckets twice
+    MAX_STAGING = 1
 
     def add_bucket(self, bucket: list[tuple[str, torch.Tensor]], ref: Any = None) -> None:
-        """Keep one whole bucket (host tensors; `ref`: the same bucket already in the object
-        store, put by `put`)."""
+        """Keep one whole bucket (host tensors; `ref`: the same bucket already flattened in
+        the object store)."""
+        import ray
+
         self.last_add = time.monotonic()
         if self.mode == "off":
             return
         if self.mode == "memory":
-            ref = ref if ref is not None else self.put(bucket)
+            ref = ref if ref is not None else ray.put(flatten_bucket(bucket))
+            # wrapped in a list, the ref reaches the actor unresolved: it copies the object
+            # into its own, and the sender's is dropped once the call returns
             self.acks.append(self.state.stage.remote([n for n, _ in bucket], [ref]))
+            del ref
+            while len(self.acks) - self.settled > self.MAX_STAGING:
+                ray.get(self.acks[self.settled])
+                self.settled += 1
         else:
             from safetensors.torch import save_file
 
@@ -920,6 +930,7 @@ class Fleet:
         Read on the host, so not through the trainer's transport: each bucket goes into the
         object store once and every engine reloads it in place (the restart path), and it
         becomes the replay copy."""
+        import ray
 
         from megatron_seed.models.convert import HFCheckpoint
 
@@ -931,7 +942,7 @@ class Fleet:
         try:
             weights = ((n, ckpt.get(n).to(dtype)) for n in ckpt.names())
             for bucket in iter_buckets(weights, bucket_bytes):
-                ref = replay.put(bucket)  # the engines' bucket and the replay copy's
+                ref = ray.put(flatten_bucket(bucket))
                 replay.add_bucket(bucket, ref)
                 self._run([_Work(e, [0], "load_bucket", (ref,)) for e in range(self.num_engines)])
                 total += sum(tensor_bytes(t) for _, t in bucket)

@@ -212,37 +212,62 @@ def _state_replays(ray):
     assert state.commit() == ["/replay/x.safetensors"]  # overridden: delete it
 
 
-def test_a_replay_bucket_is_one_object_owned_by_the_state(monkeypatch):
-    """The sender puts each replay bucket into the object store once, with the state actor
-    as its owner (it outlives the sender), and hands the state the ref itself: no second
-    copy is put anywhere. A bucket the engines load (`load_model`) is the same object."""
+def test_a_sync_holds_at_most_one_replay_bucket_twice(monkeypatch):
+    """The state actor copies each replay bucket into an object of its own (it must outlive
+    the sender); the sender's object is dropped once that copy is made, and the sender waits
+    for it before putting more than `MAX_STAGING` buckets ahead, so a sync never holds the
+    replay copy twice. A slow fake actor: a copy happens when its ack is awaited."""
     import ray
 
     from megatron_seed.rollout.fleet import _Replay
 
-    puts: list[tuple[list[str], object]] = []
+    live: set[str] = set()  # the sender's objects not yet copied by the state
+    most = [0]
 
-    def put(value, *, _owner=None):
-        puts.append((value.names, _owner))
-        return f"ref{len(puts)}"
+    class Ack:
+        def __init__(self, work):
+            self.work, self.done, self.value = work, False, None
 
+        def result(self):
+            if not self.done:
+                self.value, self.done = self.work(), True
+            return self.value
+
+    def put(value):
+        ref = f"sender{len(puts)}"
+        puts.append(ref)
+        live.add(ref)
+        most[0] = max(most[0], len(live))
+        return ref
+
+    def get(x, timeout=None):
+        return [a.result() for a in x] if isinstance(x, list) else x.result()
+
+    class State:  # the actor handle: a method call is queued until its ack is awaited
+        def __init__(self):
+            self.copies: list[str] = []
+            self.stage = type("M", (), {"remote": self._stage})()
+            self.commit = type("M", (), {"remote": lambda _: Ack(lambda: [])})()
+
+        def _stage(self, names, refs):
+            def copy():
+                (ref,) = refs
+                live.discard(ref)  # the actor's copy is made; the sender's goes
+                self.copies.append(ref)
+                return len(self.copies)
+
+            return Ack(copy)
+
+    puts: list[str] = []
     monkeypatch.setattr(ray, "put", put)
-    real = _FleetState()
-
-    class Remote:  # the state actor's handle: .stage.remote(...) runs the real method
-        def __init__(self, method):
-            self.remote = method
-
-    state = type("Handle", (), {"stage": Remote(real.stage)})()
-    replay = _Replay(state, "memory", None, bucket_bytes=1)
-    for name, tensor in _stream(1)[:3]:
+    monkeypatch.setattr(ray, "get", get)
+    state = State()
+    replay = _Replay(state, "memory", None, bucket_bytes=1)  # one bucket per fused module
+    for name, tensor in _stream(2):
         replay.add(name, tensor)
-    replay.flush()
-    ref = replay.put([("lm_head.weight", torch.zeros(2))])  # load_model's shared bucket
-    replay.add_bucket([("lm_head.weight", torch.zeros(2))], ref)
-    assert [owner for _, owner in puts] == [state] * 4  # 3 buckets + the shared one
-    assert [k.ref for k in real._staged] == ["ref1", "ref2", "ref3", "ref4"]
-    assert [k.names for k in real._staged] == [names for names, _ in puts]
+    replay.commit()
+    assert len(puts) > 5 and state.copies == puts  # every bucket copied once, in order
+    assert live == set() and most[0] == _Replay.MAX_STAGING + 1 == 2, most[0]  # of >5
 
 
 def test_balanced_chunks_are_contiguous_and_cover_all():
