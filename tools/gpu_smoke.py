@@ -2,25 +2,31 @@
 
     python tools/gpu_smoke.py [--model HF_DIR] [--seq 2048] [--steps 3] [--out bench/gpu_smoke.json]
     python tools/gpu_smoke.py --cpu-tiny     # the same code path on a tiny model, on the CPU
+    bash tools/gpu_smoke.sh fetch|run        # a bare GPU node: carried wheels, its own torch
 
 On the model (`--model`: any local Qwen2/2.5/3 HF folder; default a Qwen2.5-0.5B-shaped
-checkpoint with random weights, written locally), for bf16 and, where Transformer Engine is
-installed, FP8 (`--fp8-recipe`, TE's layer spec; without TE, torch-native FP8 GEMMs on the
-model's shapes are timed against bf16 instead):
+checkpoint with random weights, written locally), in up to three modes: "plain" (bf16; fp32
+on the CPU), "recipe" (the GPU recipes' trainer settings: distributed optimizer, full
+activation recompute, and the colocated hand-over of grads and optimizer state), and "fp8"
+(`--fp8-recipe` on TE's layer spec, where Transformer Engine is installed; without TE,
+torch-native FP8 GEMMs on the model's shapes are timed against bf16 instead). Each mode:
 
 1. `SeedTrainer` is built as Stage 2 builds it (policy, frozen reference, Megatron DDP and
    optimizer; the TE spec when TE imports) from the HF weights;
 2. parity: the trainer's per-token log-probs against transformers' on the same ids;
 3. `train_step` on a SEED batch of `--seq` tokens per sequence (student and teacher),
    timed: tokens/s and MFU (6 N + attention FLOPs per token against `--peak-tflops`);
-4. a checkpoint save, one more step, a fresh trainer resumed from the checkpoint, the same
-   step: the two must agree (exactly on the CPU);
-5. memory against the launcher's model (`launch.layout.trainer_memory_gib`): on a GPU the
+4. memory against the launcher's model (`launch.layout.trainer_memory_gib`): on a GPU the
    allocator's peak must stay under the estimate; everywhere, the bytes the trainer holds in
-   weights, gradients, optimizer state and reference must match the model's static part.
+   weights, gradients, optimizer state and reference must match the model's static part;
+   "recipe" also releases and reclaims its grads and optimizer state (colocated mode);
+5. a checkpoint save, one more step, a fresh trainer resumed from the checkpoint, the same
+   step: the two must agree (exactly on the CPU).
 
-Prints and writes JSON. Besides PyTorch it needs only megatron-core and transformers (TE and
-vLLM are optional). About 5 minutes on one H200.
+The JSON (`--out`) is rewritten and flushed after every phase, so a run cut short keeps what
+it measured; progress goes to stdout. Modes that would not finish inside `--budget-s`
+(default 480 s, from the first mode's measured time) are recorded as skipped. Besides
+PyTorch it needs only megatron-core and transformers (TE and vLLM are optional).
 """
 
 from __future__ import annotations
@@ -60,6 +66,31 @@ TINY = dict(
     num_key_value_heads=2,
 )
 GIB = 2**30
+
+
+class Results:
+    """The smoke's JSON, rewritten (atomically) and flushed after every phase."""
+
+    def __init__(self, path: Path, data: dict) -> None:
+        self.path, self.data, self.start = path, data, time.perf_counter()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.save()
+
+    def save(self) -> None:
+        """Write what is measured so far."""
+        self.data["elapsed_seconds"] = round(time.perf_counter() - self.start, 1)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(self.data, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def phase(self, mode: str, out: dict, name: str) -> None:
+        """One phase of `mode` is done: note it, print it, save."""
+        out.setdefault("phases_done", []).append(name)
+        print(f"smoke: {mode}: {name} done ({time.perf_counter() - self.start:.0f} s)", flush=True)
+        self.save()
 
 
 def flops_per_token(spec, seq: int) -> float:
@@ -128,22 +159,71 @@ def held_bytes(trainer) -> dict[str, int]:
     return {"weights": weights, "grads": grads, "optimizer": state, "reference": ref}
 
 
-def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | None) -> dict:
-    """Build, check parity, train, checkpoint and resume one precision; its results."""
-    from launch.layout import ClusterLayout, trainer_memory_gib
+def mode_config(precision: str, fp8_recipe: str | None, recipe: bool, on_gpu: bool):
+    """The trainer config of one smoke mode; "recipe" takes the GPU recipes' trainer
+    settings (the distributed optimizer is GPU-only: Megatron refuses CPU tensors there)."""
     from megatron_seed.config import AlgoConfig, OptimConfig, ParallelConfig, SeedConfig
+
+    parallel = ParallelConfig(precision=precision, fp8_recipe=fp8_recipe)
+    if recipe:
+        parallel = ParallelConfig(
+            precision=precision,
+            fp8_recipe=fp8_recipe,
+            distributed_optimizer=on_gpu,
+            recompute="full",
+        )
+    return SeedConfig(
+        algo=AlgoConfig(teacher_mode="snapshot", beta_kl=0.01),
+        optim=OptimConfig(lr=1e-5, mini_batches_per_update=1, micro_batch_size=1),
+        parallel=parallel,
+    )
+
+
+def handover(trainer) -> dict:
+    """Colocated mode's hand-over: the GPU memory the trainer gives the engines
+    (`release_memory`: grads freed, optimizer state to host) and takes back."""
+    on_gpu = torch.cuda.is_available()
+
+    def allocated() -> float:
+        if on_gpu:
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated() / GIB
+        return 0.0
+
+    before = allocated()
+    t = time.perf_counter()
+    trainer.release_memory()
+    released = allocated()
+    release_s = time.perf_counter() - t
+    t = time.perf_counter()
+    trainer.reclaim_memory()
+    return {
+        "allocated_gib": before,
+        "released_gib": released,
+        "given_back_gib": before - released,
+        "release_seconds": release_s,
+        "reclaim_seconds": time.perf_counter() - t,
+        "reclaimed_gib": allocated(),
+    }
+
+
+def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out: dict) -> dict:
+    """Build, check parity, train, measure memory, checkpoint and resume one mode; its
+    results go into `out` (a part of `results`, saved after every phase)."""
+    from launch.layout import ClusterLayout, trainer_memory_gib
     from megatron_seed.models.parity import hf_reference_logprobs
     from megatron_seed.recipes import ModelShape
     from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
     on_gpu = torch.cuda.is_available()
-    cfg = SeedConfig(
-        algo=AlgoConfig(teacher_mode="snapshot", beta_kl=0.01),
-        optim=OptimConfig(lr=1e-5, mini_batches_per_update=1, micro_batch_size=1),
-        parallel=ParallelConfig(precision=precision, fp8_recipe=fp8_recipe),
+    par = cfg.parallel
+    out.update(
+        precision=par.precision if on_gpu else "fp32",
+        fp8_recipe=par.fp8_recipe,
+        distributed_optimizer=par.distributed_optimizer,
+        recompute=par.recompute,
     )
-    out: dict = {"precision": precision, "fp8_recipe": fp8_recipe}
     if on_gpu:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -154,6 +234,7 @@ def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | Non
         "TE" in type(trainer.model.module.decoder.layers[0].mlp.linear_fc1).__name__
     )
     spec = trainer.spec
+    results.phase(name, out, "build")
 
     # parity against transformers on the same ids (float32 reference)
     from megatron_seed.data import TokenSequence, collate
@@ -169,11 +250,13 @@ def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | Non
     ref = hf_reference_logprobs(hf_dir, ids)  # [2, s]
     diff = (ours - ref).abs()[:, :-1]
     out["parity"] = {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
+    results.phase(name, out, "parity")
 
     pb = smoke_batch(tokenizer, args.seq, args.rows, trainer.seq_multiple)
     tokens = int(pb.student.input_ids.numel() + (pb.teacher.input_ids.numel() if pb.teacher else 0))
     out["batch"] = {"rows": pb.rows, "seq": int(pb.student.input_ids.shape[1]), "tokens": tokens}
     out["packing"] = packing_parity(trainer, pb)
+    results.phase(name, out, "packing")
     times, losses = [], []
     for _ in range(args.steps):
         if on_gpu:
@@ -195,6 +278,7 @@ def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | Non
     out["train_tokens_per_s"] = train_tokens / step
     fpt = flops_per_token(spec, out["batch"]["seq"])
     out["mfu"] = out["train_tokens_per_s"] * fpt / (args.peak_tflops * 1e12) if on_gpu else None
+    results.phase(name, out, "train")
 
     # memory: the allocator's peak and the bytes held, against the launcher's model
     shape = ModelShape(
@@ -220,6 +304,10 @@ def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | Non
             torch.cuda.max_memory_allocated() / GIB / model["total"] if on_gpu else None
         ),
     }
+    if par.recompute == "full":  # the recipes' colocated hand-over, then a step on top
+        out["handover"] = handover(trainer)
+        out["handover"]["loss_after"] = trainer.train_step(pb)["loss/total"]
+    results.phase(name, out, "memory")
 
     # checkpoint, one more step, resume into a fresh trainer, the same step
     hf_config = json.loads((Path(hf_dir) / "config.json").read_text())
@@ -236,6 +324,9 @@ def run_mode(args, hf_dir: str, tokenizer, precision: str, fp8_recipe: str | Non
         again = resumed.train_step(pb)["loss/total"]
     out["resume"] = {"loss_continued": after, "loss_resumed": again, "abs_diff": abs(after - again)}
     del resumed
+    if on_gpu:
+        torch.cuda.empty_cache()
+    results.phase(name, out, "resume")
     return out
 
 
@@ -301,6 +392,12 @@ def main() -> int:
     parser.add_argument("--fp8-recipe", default="tensorwise", help="with TE; 'none' skips FP8")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak")
     parser.add_argument("--cpu-tiny", action="store_true", help="tiny model on the CPU")
+    parser.add_argument(
+        "--modes", default="plain,recipe,fp8", help="which of plain, recipe, fp8 to run"
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=480.0, help="skip modes that would end past this"
+    )
     parser.add_argument("--out", default="bench/gpu_smoke.json")
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.cpu_tiny:
@@ -308,6 +405,10 @@ def main() -> int:
         return 2
     if args.cpu_tiny:
         args.seq, args.steps, args.parity_seq = min(args.seq, 128), min(args.steps, 2), 32
+    wanted = [m for m in args.modes.split(",") if m]
+    if unknown := set(wanted) - {"plain", "recipe", "fp8"}:
+        print(f"unknown --modes {sorted(unknown)}: choose from plain, recipe, fp8", file=sys.stderr)
+        return 2
 
     from megatron_seed.models.parallel import init_parallel
     from megatron_seed.models.qwen import te_available
@@ -315,38 +416,58 @@ def main() -> int:
 
     init_parallel(1, 1, device="cuda" if not args.cpu_tiny else "cpu")
     on_gpu = torch.cuda.is_available()
-    results: dict = {
-        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-        "torch": torch.__version__,
-        "megatron_core": __import__("importlib.metadata").metadata.version("megatron-core"),
-        "transformer_engine": te_available() and on_gpu,
-        "seq": args.seq,
-        "rows": args.rows,
-    }
+    results = Results(
+        Path(args.out),
+        {
+            "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+            "torch": torch.__version__,
+            "megatron_core": __import__("importlib.metadata").metadata.version("megatron-core"),
+            "transformer_engine": te_available() and on_gpu,
+            "seq": args.seq,
+            "rows": args.rows,
+            "budget_seconds": args.budget_s,
+            "modes": {},
+        },
+    )
     corpus = ["go to the fridge and open it", "take the mug from the desk"] * 20
     tokenizer = build_tokenizer(corpus, vocab_size=300)
+    precision = "bf16" if on_gpu else "fp32"
+    modes = []  # (name, config)
+    if "plain" in wanted:
+        modes.append(("plain", mode_config(precision, None, False, on_gpu)))
+    if "recipe" in wanted:
+        modes.append(("recipe", mode_config(precision, None, True, on_gpu)))
+    if "fp8" in wanted:
+        if results.data["transformer_engine"]:
+            modes.append(("fp8", mode_config("bf16", args.fp8_recipe, False, on_gpu)))
+        else:
+            results.data["modes"]["fp8"] = {"skipped": "needs Transformer Engine and a GPU"}
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = make_model(args, Path(tmp))
         from megatron_seed.models.qwen import QwenSpec
 
         spec = QwenSpec.from_pretrained(hf_dir)
-        results["model"] = {"path": args.model or "random", "params": spec.num_params}
-        modes = [("bf16" if on_gpu else "fp32", None)]
-        if results["transformer_engine"] and args.fp8_recipe != "none":
-            modes.append(("bf16", args.fp8_recipe))
-        results["modes"] = {}
-        for precision, recipe in modes:
-            name = precision + (f"+fp8-{recipe}" if recipe else "")
+        results.data["model"] = {"path": args.model or "random", "params": spec.num_params}
+        took: list[float] = []
+        for name, cfg in modes:
+            elapsed = time.perf_counter() - results.start
+            if took and elapsed + max(took) > args.budget_s:
+                why = f"budget: {elapsed:.0f} s spent, a mode took {max(took):.0f} s"
+                results.data["modes"][name] = {"skipped": why}
+                print(f"smoke: {name}: skipped ({why})", flush=True)
+                results.save()
+                continue
             print(f"smoke: {name} ...", flush=True)
-            results["modes"][name] = run_mode(args, hf_dir, tokenizer, precision, recipe)
-        if on_gpu and not results["transformer_engine"]:  # FP8 GEMMs without TE, for scale
+            out = results.data["modes"][name] = {}
+            t = time.perf_counter()
+            run_mode(args, hf_dir, tokenizer, name, cfg, results, out)
+            took.append(time.perf_counter() - t)
+        if on_gpu and not results.data["transformer_engine"]:  # FP8 GEMMs without TE
             tokens = args.rows * args.seq
-            results["fp8_torch_native"] = fp8_matmul_bench(spec, tokens, torch.device("cuda"))
-    text = json.dumps(results, indent=2)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+            results.data["fp8_torch_native"] = fp8_matmul_bench(spec, tokens, torch.device("cuda"))
+    results.data["done"] = True
+    results.save()
+    print(json.dumps(results.data, indent=2))
     return 0
 
 

@@ -253,9 +253,10 @@ def test_a_stuck_transfer_raises_once_nothing_moves_for_the_timeout():
 
 
 def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
-    """engines sleep -> the trainer takes its optimizer state back -> train -> engines wake
-    their weights -> sync -> the trainer offloads optimizer state, gradients and cached
-    activations -> engines wake their KV cache."""
+    """engines sleep -> the trainer takes its optimizer state back -> train -> the trainer
+    offloads optimizer state, gradients and cached activations -> engines wake their weights
+    -> sync -> engines wake their KV cache: neither side takes memory before the other has
+    given it (the start-up's order: tests/unit/test_gpu_readiness.py)."""
     ray = ray_gpus
     from megatron_seed.config import SeedConfig
     from megatron_seed.pipeline import stage2
@@ -310,8 +311,8 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
         if not phases or phases[-1] != step:
             phases.append(step)
     assert phases == [
-        "sleep:1", "trainer:reclaim", "trainer:train", "wake:weights", "trainer:export",
-        "start", "finish", "trainer:release", "wake:kv_cache",
+        "sleep:1", "trainer:reclaim", "trainer:train", "trainer:release", "wake:weights",
+        "trainer:export", "start", "finish", "wake:kv_cache",
     ], events  # fmt: skip
 
 

@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
+import math
+
 from tests.gpu.test_gpu_smoke import _run
+
+PHASES = ["build", "parity", "packing", "train", "memory", "resume"]
 
 
 def test_cpu_dry_run(tmp_path):
-    """The whole script on a tiny model: parity with transformers, a finite SEED update, an
-    exact resume, and the trainer's memory equal to the launcher's static model."""
+    """The whole script on a tiny model, in its plain and recipe modes: parity with
+    transformers, a finite SEED update, an exact resume, the trainer's memory equal to the
+    launcher's static model, the colocated hand-over (nothing to give back on the CPU),
+    every phase saved; FP8 recorded as skipped without TE."""
     result = _run(tmp_path, "--cpu-tiny")
-    (mode,) = result["modes"].values()
-    assert mode["parity"]["max_abs_diff"] < 1e-4
-    assert mode["packing"]["max_abs_diff"] < 1e-5  # packed rows score as the padded ones
-    assert mode["finite"] and mode["train_tokens_per_s"] > 0
-    assert mode["resume"]["abs_diff"] == 0.0
-    # float32 on the CPU: 4 (weights) + 4 (grads) + 8 (Adam) + 4 (reference) bytes per
-    # parameter, the model's 2 + 4 + 12 + 2 of mixed precision
-    assert abs(mode["memory"]["held_over_model_static"] - 1.0) < 0.01
-    assert mode["batch"]["seq"] >= 128  # about --seq tokens per sequence
+    assert result["done"] and set(result["modes"]) == {"plain", "recipe", "fp8"}
+    assert "Transformer Engine" in result["modes"]["fp8"]["skipped"]
+    for name in ("plain", "recipe"):
+        mode = result["modes"][name]
+        assert mode["phases_done"] == PHASES, name
+        assert mode["parity"]["max_abs_diff"] < 1e-4
+        assert mode["packing"]["max_abs_diff"] < 1e-5  # packed rows score as the padded ones
+        assert mode["finite"] and mode["train_tokens_per_s"] > 0
+        assert mode["resume"]["abs_diff"] == 0.0
+        # float32 on the CPU: 4 (weights) + 4 (grads) + 8 (Adam) + 4 (reference) bytes per
+        # parameter, the model's 2 + 4 + 12 + 2 of mixed precision
+        assert abs(mode["memory"]["held_over_model_static"] - 1.0) < 0.01
+        assert mode["batch"]["seq"] >= 128  # about --seq tokens per sequence
+    recipe = result["modes"]["recipe"]
+    assert recipe["recompute"] == "full" and not recipe["distributed_optimizer"]  # GPU only
+    assert recipe["handover"]["given_back_gib"] == 0.0  # release_memory is GPU-only
+    assert math.isfinite(recipe["handover"]["loss_after"])
+    # full recompute changes memory, not numbers: the two modes take the same first step
+    assert recipe["losses"][0] == result["modes"]["plain"]["losses"][0]

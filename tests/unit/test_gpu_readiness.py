@@ -414,12 +414,10 @@ def test_token_multiple_is_what_te_accepts_on_every_rank(recipe, tp):
             assert ours == _te_accepts(s, recipe, tp, sp), (recipe, tp, sp, s)
 
 
-def test_colocated_gpus_change_hands_only_after_the_other_side_let_go(monkeypatch):
-    """A recording fleet and trainer: at start the engines sleep before the trainer
-    allocates and wake only after it gave back its grads and optimizer state; in each update
-    the trainer frees its memory before the engines' weights wake, and the KV cache wakes
-    after the sync, before the refit probe that needs it."""
-    import contextlib
+def test_colocated_start_builds_the_trainer_while_the_engines_sleep():
+    """A recording fleet and trainer: the engines (started, their share sized) sleep before
+    the trainer allocates, and wake only after it gave back its grads and optimizer state
+    (each update's order: tests/distributed/test_fleet_transfer.py::test_colocated_update_order)."""
     from types import SimpleNamespace
 
     from megatron_seed.pipeline import stage2
@@ -437,9 +435,6 @@ def test_colocated_gpus_change_hands_only_after_the_other_side_let_go(monkeypatc
         def release_memory(self) -> None:
             calls.append("trainer releases")
 
-        def reclaim_memory(self) -> None:
-            calls.append("trainer reclaims")
-
     trainer, side = Trainer(), SimpleNamespace(session=SimpleNamespace(fleet=Fleet()))
 
     def build():
@@ -448,32 +443,9 @@ def test_colocated_gpus_change_hands_only_after_the_other_side_let_go(monkeypatc
 
     assert stage2.build_beside_engines(side, build) == (trainer, None)
     assert calls == ["engines sleep", "trainer allocates", "trainer releases", "engines wake all"]
-
-    monkeypatch.setattr(stage2, "train", lambda run, records: calls.append("train") or {})
-    monkeypatch.setattr(stage2, "sync", lambda run, verify: calls.append(f"sync {verify}") or {})
-    monkeypatch.setattr(stage2, "verify_refit", lambda run: calls.append("probe") or {})
-    timer = SimpleNamespace(time=lambda phase: contextlib.nullcontext())
-    for colocate, want in (
-        (
-            True,
-            [
-                "engines sleep",
-                "trainer reclaims",
-                "train",
-                "trainer releases",
-                "engines wake ['weights']",
-                "sync False",
-                "engines wake ['kv_cache']",
-                "probe",
-            ],
-        ),
-        (False, ["train", "sync True"]),
-    ):
-        calls.clear()
-        cfg = SimpleNamespace(fleet=SimpleNamespace(colocate=colocate))
-        run = SimpleNamespace(side=side, cfg=cfg, trainer=trainer, ahead=None)
-        stage2.train_and_sync(run, [], timer)
-        assert calls == want, colocate
+    calls.clear()  # a rank other than 0 has no fleet: it builds and releases
+    assert stage2.build_beside_engines(stage2.NoRollout(), build) == (trainer, None)
+    assert calls == ["trainer allocates", "trainer releases"]
 
 
 def test_the_refit_probe_is_scored_without_fp8_and_the_switch_comes_back():
