@@ -1,7 +1,8 @@
-"""Stage 2 end to end on CPU: 2 vLLM engines in Ray actors, Ray env workers on generated
+"""Stage 2 end to end on CPU: a vLLM engine in a Ray actor, Ray env workers on generated
 ALFWorld games (the session's `tiny_world`), the Megatron trainer; `seed train` for 2
 updates; a run stopped by SIGTERM during update 1 that resumes into exactly the uninterrupted
-run's update 2."""
+run's update 2. (A `seed train` across several engines: the quick job's two, and the Slurm
+rehearsal's one per node.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 
 from megatron_seed.testbed.tiny_world import train_command
 
-CONFIG = {"rollout": {"tasks_per_update": 2, "group_size": 2}}  # the tiny recipe's: B=2, N=2
+# the tiny recipe's B=2, N=2, on one engine (each engine is a vLLM start in every run)
+CONFIG = {"rollout": {"tasks_per_update": 2, "group_size": 2}, "fleet": {"engines": 1}}
 
 
 def _train(root, out, *extra):
