@@ -3,7 +3,7 @@
 | folder              | marker        | what belongs there                                       |
 | ------------------- | ------------- | -------------------------------------------------------- |
 | `tests/unit`        | `unit`        | pure code, seconds; no process, engine or Ray started    |
-| `tests/distributed` | `distributed` | gloo processes, Ray, vLLM engines, servers, subprocesses |
+| `tests/distributed` | `distributed` | gloo processes, Ray, engines, servers, real-size models |
 | `tests/e2e`         | `e2e`, `slow` | whole jobs (`seed train`, `seed run`, launches)          |
 | `tests/gpu`         | `gpu`         | needs CUDA; skipped without it                           |
 
