@@ -252,22 +252,21 @@ def _fleet(side: Any) -> Any:
     return side.session.fleet if side.session is not None else None
 
 
-def build_beside_engines(side: Any, build: Callable[[], Any]) -> Any:
+def build_beside_engines(side: Any, build: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
     """The colocated start: the engines have started and sized their share of each GPU;
-    they sleep, the trainer is built (and resumed) on the freed memory with `build()`, it
-    gives back its gradient buffers and optimizer state until it trains, and the engines
-    wake. Returns what `build` returned (its first item is the trainer when it is a tuple)."""
+    they sleep, `build()` makes the trainer (and resumes it) on the freed memory, the
+    trainer gives back its gradient buffers and optimizer state until it trains, and the
+    engines wake. Returns `build()`'s (trainer, resumed checkpoint or None)."""
     fleet = _fleet(side)
     if fleet is not None:
         fleet.sleep()
     _barrier()  # no rank allocates before every engine has let its GPU go
-    built = build()
-    trainer = built[0] if isinstance(built, tuple) else built
+    trainer, resumed = build()
     trainer.release_memory()
-    _barrier()
+    _barrier()  # no engine takes memory back before every rank has given it
     if fleet is not None:
         fleet.wake()
-    return built
+    return trainer, resumed
 
 
 def _barrier() -> None:
