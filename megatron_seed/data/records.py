@@ -128,6 +128,8 @@ class TrajectoryRecord:
     error: str | None = None  # why an env_error / engine_error episode ended
     skill: str | None = None  # the hindsight skill inserted by H (only if it is valid)
     analysis: Analysis | None = None  # None: not analysed (no teacher signal)
+    # the trainer step whose weights played it (one-step-off sets it; None: not recorded)
+    policy_version: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # environment-specific extras
     schema: int = SCHEMA
 
@@ -142,6 +144,12 @@ class TrajectoryRecord:
         self.turns = [t if isinstance(t, Turn) else _strict(Turn, t) for t in self.turns]
         if isinstance(self.analysis, dict):
             self.analysis = _strict(Analysis, self.analysis)
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the episode is on-policy data the loss may use: it ended without an
+        environment or engine error and took at least one turn."""
+        return self.status.trainable and bool(self.turns)
 
     @property
     def has_teacher(self) -> bool:

@@ -183,7 +183,8 @@ def build_job(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) Stage 2."""
     from megatron_seed.models.parallel import spawn
-    from megatron_seed.pipeline.stage2 import PREEMPTED, run_stage2
+    from megatron_seed.pipeline.roles import PREEMPTED
+    from megatron_seed.pipeline.stage2 import run_stage2
 
     job = build_job(args)
     world = job.cfg.parallel.tp * job.cfg.parallel.pp * args.dp

@@ -169,6 +169,6 @@ def annotate_oracle(
     env = get_env(cfg.env.name)
     if env.oracle_analyzer is None:
         raise ValueError(f"environment {env.name!r} has no oracle analyzer")
-    usable = [r for r in records if r.status.trainable and r.turns]
+    usable = [r for r in records if r.trainable]
     results = analyze_with_retries(env.oracle_analyzer(), usable, cfg.skill)
     return apply_results(usable, results), analysis_metrics(results)

@@ -39,7 +39,7 @@ def build_policy_batch(
 ) -> PolicyBatch:
     """Advantages per record (GRPO groups), then student/teacher sequences per record, each
     batch padded to a multiple of `pad_to_multiple_of` tokens (`models.fp8.seq_multiple`)."""
-    usable = [r for r in records if r.status.trainable and r.turns]
+    usable = [r for r in records if r.trainable]
     if not usable:
         raise ValueError("no trainable trajectories in this batch")
     rewards = torch.tensor([r.reward for r in usable], dtype=torch.float32)

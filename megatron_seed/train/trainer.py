@@ -145,6 +145,14 @@ DIST_OPT_ON_CPU = (
 )
 
 
+def mini_batches(rows: int, k: int) -> list[torch.Tensor]:
+    """The row indices of each of an update's mini-batches: `k` contiguous parts whose
+    sizes differ by at most one row (fewer parts when there are fewer than `k` rows)."""
+    if rows < 1:
+        raise ValueError("an update needs at least one row")
+    return list(torch.tensor_split(torch.arange(rows), min(k, rows)))
+
+
 class SeedTrainer:
     """Policy, reference model and optimizer of one rank, in Megatron's process groups."""
 
@@ -445,23 +453,21 @@ class SeedTrainer:
         snapshot = None
         if use_opd and algo.teacher_mode == "snapshot":
             snapshot = self.teacher_logprobs(pb, all_rows)
-        k = self.cfg.optim.mini_batches_per_update
-        if pb.rows % k:
-            raise ValueError(f"{pb.rows} rows do not split into {k} mini-batches")
+        parts = mini_batches(pb.rows, self.cfg.optim.mini_batches_per_update)
         # the teacher log-probs each row first trains with (diagnostics only): theta_old's in
         # `snapshot` mode; in `live` mode those of the weights at its first-epoch mini-batch
         first_teacher = snapshot
         if use_opd and first_teacher is None:
             first_teacher = torch.zeros_like(old)  # [B, s]
         totals: dict[str, float] = {}
-        minis = all_rows.chunk(k) * self.cfg.optim.epochs_per_update
+        minis = parts * self.cfg.optim.epochs_per_update
         for i, mini in enumerate(minis):
             teacher = None
             if use_opd:
                 teacher = (
                     snapshot[mini] if snapshot is not None else self.teacher_logprobs(pb, mini)
                 )
-                if snapshot is None and i < k:
+                if snapshot is None and i < len(parts):
                     first_teacher[mini] = teacher
             metrics = self._optimizer_step(
                 pb, mini, old[mini], None if ref is None else ref[mini], teacher, replay

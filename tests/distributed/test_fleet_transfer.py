@@ -261,6 +261,7 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
     from megatron_seed.config import SeedConfig
     from megatron_seed.pipeline import stage2
     from megatron_seed.pipeline.metrics import PhaseTimer
+    from megatron_seed.pipeline.roles import Leader
     from megatron_seed.testbed.synthetic import synthetic_records
 
     recorder = ray.remote(Recorder).options(name="colocation-events").remote()
@@ -294,8 +295,8 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
     # the config says colocated (its transport is "ipc"); the fake fleet sends by objstore
     cfg = SeedConfig().with_changes({"fleet": {"colocate": True, "transport": "ipc"}})
     session = type("Session", (), {"fleet": fleet})()
-    side = type("Side", (), {"session": session})()
     job = stage2.Stage2Job(model_dir=model_dir, games=["g"], out_dir=str(tmp_path), cfg=cfg)
+    side = Leader(job, session)
     run = stage2.Run(job, Trainer(), tiny_tokenizer, side, {}, False, None)
     try:
         records = synthetic_records(tiny_tokenizer, groups=1, group_size=2, turns=1)

@@ -87,7 +87,8 @@ def rlsd_update_index_and_diagnostics(hf_dir, tok_dir, cfg, root):
     from transformers import AutoTokenizer
 
     from megatron_seed.pipeline.metrics import MetricsLog
-    from megatron_seed.pipeline.stage2 import NoRollout, Run, Stage2Job, train
+    from megatron_seed.pipeline.roles import Follower
+    from megatron_seed.pipeline.stage2 import Run, Stage2Job, train
     from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
@@ -103,7 +104,7 @@ def rlsd_update_index_and_diagnostics(hf_dir, tok_dir, cfg, root):
     load_checkpoint(resumed, latest_checkpoint(Path(root) / "checkpoints"))
     job = Stage2Job(model_dir=hf_dir, games=[], out_dir=root, cfg=cfg)
     tok = AutoTokenizer.from_pretrained(tok_dir)
-    run = Run(job, resumed, tok, NoRollout(), hf_config, need_sync=False)
+    run = Run(job, resumed, tok, Follower(), hf_config, need_sync=False)
     step = run.step
     second = train(run, records)
     log = MetricsLog(root, tensorboard=False)

@@ -140,7 +140,7 @@ def test_one_step_off_lags_theta_old_by_exactly_one_update(runs, tmp_path_factor
     run = runs["seed-replay+one_step_off"]
     rows, updates = run["rows"], run["updates"]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [{x.meta["policy_version"] for x in u} for u in updates] == [{0}, {0}, {1}]
+    assert [{x.policy_version for x in u} for u in updates] == [{0}, {0}, {1}]
     assert [r["staleness/lag"] for r in rows] == [0.0, 1.0, 1.0]
     assert rows[0]["staleness/delta_abs_mean"] == 0.0 and rows[0]["staleness/bound"] == 0.0
     assert "ahead/rollout_s" in rows[1] and "ahead/analyze_s" in rows[1]

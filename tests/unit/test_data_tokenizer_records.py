@@ -141,6 +141,17 @@ def test_status_trainable_and_has_teacher() -> None:
     assert not _record(analysis=Analysis("t", valid=False)).has_teacher
     assert not _record(analysis=None).has_teacher
     assert not _record(skill="").has_teacher
+    assert _record().trainable and _record(status="truncated").trainable
+    assert not _record(status="env_error").trainable
+    assert not _record(turns=[]).trainable  # an episode that never acted trains nothing
+
+
+def test_policy_version_round_trips_and_old_records_have_none() -> None:
+    record = _record(policy_version=3)
+    assert TrajectoryRecord.from_json(record.to_json()).policy_version == 3
+    data = _record().to_dict()
+    del data["policy_version"]  # written before the field existed
+    assert TrajectoryRecord.from_dict(data).policy_version is None
 
 
 def test_ids_identical_when_loaded_from_a_qwen2_model_folder(tmp_path, tiny_tokenizer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_seed.pipeline.stage2 import library_skills
+from megatron_seed.pipeline.roles import library_skills
 from megatron_seed.testbed.commands_compare import time_table
 from megatron_seed.testbed.default_job import QUICK, job_config, method_of
 from megatron_seed.testbed.synthetic import annotated_record as _record

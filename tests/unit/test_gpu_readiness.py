@@ -414,13 +414,15 @@ def test_token_multiple_is_what_te_accepts_on_every_rank(recipe, tp):
             assert ours == _te_accepts(s, recipe, tp, sp), (recipe, tp, sp, s)
 
 
-def test_colocated_start_builds_the_trainer_while_the_engines_sleep():
+def test_colocated_start_builds_the_trainer_while_the_engines_sleep(tmp_path):
     """A recording fleet and trainer: the engines (started, their share sized) sleep before
     the trainer allocates, and wake only after it gave back its grads and optimizer state
     (each update's order: tests/distributed/test_fleet_transfer.py::test_colocated_update_order)."""
     from types import SimpleNamespace
 
-    from megatron_seed.pipeline import stage2
+    from megatron_seed.pipeline.colocation import build_beside_engines
+    from megatron_seed.pipeline.job import Stage2Job
+    from megatron_seed.pipeline.roles import Follower, Leader
 
     calls: list[str] = []
 
@@ -435,16 +437,17 @@ def test_colocated_start_builds_the_trainer_while_the_engines_sleep():
         def release_memory(self) -> None:
             calls.append("trainer releases")
 
-    trainer, side = Trainer(), SimpleNamespace(session=SimpleNamespace(fleet=Fleet()))
+    job = Stage2Job(model_dir="m", games=["g"], out_dir=str(tmp_path))
+    trainer, side = Trainer(), Leader(job, SimpleNamespace(fleet=Fleet()))
 
     def build():
         calls.append("trainer allocates")
         return trainer, None  # (the trainer, the checkpoint it resumed)
 
-    assert stage2.build_beside_engines(side, build) == (trainer, None)
+    assert build_beside_engines(side, build) == (trainer, None)
     assert calls == ["engines sleep", "trainer allocates", "trainer releases", "engines wake all"]
     calls.clear()  # a rank other than 0 has no fleet: it builds and releases
-    assert stage2.build_beside_engines(stage2.NoRollout(), build) == (trainer, None)
+    assert build_beside_engines(Follower(), build) == (trainer, None)
     assert calls == ["trainer allocates", "trainer releases"]
 
 
@@ -457,6 +460,7 @@ def test_the_refit_probe_is_scored_without_fp8_and_the_switch_comes_back():
     from megatron.core.transformer import TransformerConfig
 
     from megatron_seed.pipeline import stage2
+    from megatron_seed.pipeline.roles import Follower
     from megatron_seed.train.trainer import SeedTrainer
 
     def config() -> TransformerConfig:
@@ -475,7 +479,8 @@ def test_the_refit_probe_is_scored_without_fp8_and_the_switch_comes_back():
 
     trainer = object.__new__(SeedTrainer)
     trainer.model, trainer.score, trainer.precision = model, score, "bf16"
-    run = SimpleNamespace(probe=object(), trainer=trainer, side=stage2.NoRollout(), step=1)
+    probe = SimpleNamespace(input_ids=torch.zeros(1, 4, dtype=torch.long))
+    run = SimpleNamespace(probe=probe, trainer=trainer, side=Follower(), step=1)
     assert stage2.verify_refit(run) == {}  # rank != 0: no engines to compare with here
     assert seen == [[None, None]] and (shared.fp8, own.fp8) == ("hybrid", "hybrid")
     with pytest.raises(RuntimeError, match="boom"), trainer.without_fp8():

@@ -1,0 +1,367 @@
+"""The rollout side of a Stage-2 trainer rank, as a role object.
+
+Trainer rank 0 is the `Leader`: it drives the fleet and the env workers (a `RolloutSession`),
+samples the tasks and writes the metrics, trajectories and notes. Every other rank is a
+`Follower` with the same methods: it plays nothing, receives the weights' collective and
+writes nothing. The phases (`pipeline.stage2`) call these methods and never test the rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from megatron_seed.data import Analysis, TrajectoryRecord, write_jsonl
+from megatron_seed.pipeline.collective import rank
+from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer, rollout_metrics
+
+if TYPE_CHECKING:
+    from megatron_seed.pipeline.stage2 import Run, Stage2Job
+
+PREEMPTED = "preempted.json"  # the note a preempted run leaves in its output folder
+
+Played = tuple[list[TrajectoryRecord] | None, dict[str, float]]  # records (None: a follower)
+
+
+class TaskSampler:
+    """Tasks per update from a seeded shuffle of the games; `position` is resumable."""
+
+    def __init__(self, games: list[str], seed: int) -> None:
+        if not games:
+            raise ValueError("no training games")
+        self.order = list(games)
+        random.Random(seed).shuffle(self.order)
+
+    def take(self, position: int, n: int) -> list[str]:
+        """The n games starting at `position` (wrapping around)."""
+        return [self.order[(position + i) % len(self.order)] for i in range(n)]
+
+
+def update_seed(seed: int, step: int) -> int:
+    """The engines' sampling seed for update `step` (engine e draws from it + e)."""
+    return seed * 1_000_003 + step * 1_009
+
+
+def analyzes(cfg: Any) -> bool:
+    """Whether the policy's own analyzer makes this update's teacher skills."""
+    return cfg.algo.use_opd and cfg.skill.teacher_source == "analyzer"
+
+
+def library_skills(
+    records: list[TrajectoryRecord], library: dict[str, str], source: str = "library"
+) -> dict[str, float]:
+    """The analyze phase of a fixed teacher context (the baselines' library, the
+    ``static-skills`` ablation's Stage-1 skills, the expert plan): each trajectory's skill
+    is its game's entry (fills record.skill / analysis; no analyzer call)."""
+    for record in records:
+        record.skill = library.get(record.game)
+        valid = record.skill is not None
+        record.analysis = Analysis(record.task_id, valid=valid, source=source)
+    valid = sum(r.has_teacher for r in records)
+    return {"analyze/n": float(len(records)), "analyze/valid_rate": valid / max(1, len(records))}
+
+
+class Follower:
+    """A trainer rank other than 0: the leader's methods, with nothing to play or write."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []  # the metrics rows logged (rank 0's)
+
+    def play_and_analyze(
+        self,
+        run: Run,
+        timer: PhaseTimer,
+        step: int | None = None,
+        position: int | None = None,
+        version: int | None = None,
+    ) -> Played:
+        """Nothing played here: rank 0's records arrive by broadcast."""
+        return None, {}
+
+    def evaluate(self, run: Run) -> dict[str, float]:
+        """Rank 0 evaluates."""
+        return {}
+
+    def send_weights(self, stream: Any, meta: Any, dtype: torch.dtype, fleet: Any) -> dict:
+        """This rank's part of the weights' collective (`transfer.follow_sync`)."""
+        from megatron_seed.rollout.fleet import packed_bytes
+        from megatron_seed.rollout.transfer import follow_sync
+
+        buffer = packed_bytes(fleet.sync_bucket_bytes, meta)
+        follow_sync(stream, fleet.transport, rank(), dtype, buffer)
+        return {}
+
+    def refit_verdict(self, ids: list[int], reference: list[float], precision: str) -> Any:
+        """Rank 0 compares the engines with the trainer (its verdict is broadcast)."""
+        return {}
+
+    def stale_pairs(self, run: Run, records: list[TrajectoryRecord] | None) -> None:
+        """Rank 0 re-analyses (`pipeline.one_step_off.staleness`)."""
+
+    def sleep(self) -> None:
+        """No engines here."""
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        """No engines here."""
+
+    def usage(self) -> None:
+        """No engines or env workers to count."""
+
+    def start(self, step: int) -> None:
+        """Nothing to prepare."""
+
+    def save_trajectories(self, step: int, records: list[TrajectoryRecord] | None) -> None:
+        """Rank 0 writes them."""
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        """Rank 0 logs."""
+
+    def note_preempted(self, step: int, updates: int) -> None:
+        """Rank 0 leaves the note."""
+
+    def save_final(self, stream: Any, path: Path, hf_config: dict, tokenizer_dir: str) -> None:
+        """Take part in the export (its stream is a collective) and write nothing."""
+        for _ in stream:
+            pass
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class Leader(Follower):
+    """Trainer rank 0: a `RolloutSession` (fleet + env workers), the task sampler, the log."""
+
+    def __init__(self, job: Stage2Job, session: Any) -> None:
+        super().__init__()
+        self.job, self.session = job, session
+        self.fleet = session.fleet
+        self.sampler = TaskSampler(job.games, job.cfg.seed)
+        self.log = MetricsLog(job.out_dir)
+        (Path(job.out_dir) / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
+
+    @classmethod
+    def open(cls, job: Stage2Job, tokenizer: Any, fleet: Any, pool: Any) -> Leader:
+        """Start (or connect to) the fleet and the env workers."""
+        from megatron_seed.rollout.session import RolloutSession
+
+        start = time.perf_counter()
+        session = RolloutSession(
+            job.cfg,
+            job.model_dir,
+            tokenizer=tokenizer,
+            fleet=fleet,
+            fleet_address=job.fleet_address,
+            pool=pool,
+            ray_address=job.ray_address,
+            replay_dir=str(Path(job.out_dir) / "replay"),
+        )
+        took = time.perf_counter() - start
+        print(f"fleet: {session.placement} (up in {took:.1f} s)", flush=True)
+        return cls(job, session)
+
+    # ------------------------------------------------------------------ rollout, analyze
+
+    def play_and_analyze(
+        self,
+        run: Run,
+        timer: PhaseTimer,
+        step: int | None = None,
+        position: int | None = None,
+        version: int | None = None,
+    ) -> Played:
+        """The `rollout` phase: B tasks x N episodes with theta_old, for update `step` from
+        data position `position` (default: the trainer's; one-step-off plays the next ones)
+        with the engines' weights of trainer step `version` (default: the trainer's now);
+        then the `analyze` phase unless the overlapped rollout analysed them as they ended."""
+        cfg = run.cfg
+        with timer.time("rollout"):
+            records, metrics = self._rollout(run, step, position, version)
+        if cfg.algo.use_opd and not (cfg.rollout.overlap and analyzes(cfg)):
+            with timer.time("analyze"):
+                metrics.update(self._analyze(run, records))
+        return records, metrics
+
+    def _rollout(
+        self, run: Run, step: int | None, position: int | None, version: int | None
+    ) -> tuple[list[TrajectoryRecord], dict[str, float]]:
+        cfg, session = run.cfg, self.session
+        step = run.step if step is None else step
+        position = run.trainer.state.data_position if position is None else position
+        games = self.sampler.take(position, cfg.rollout.tasks_per_update)
+        if cfg.rollout.reseed_each_update:
+            self.fleet.reseed(update_seed(cfg.seed, step))
+        skills = self.job.skill_library if cfg.skill.rollout_skill else None
+        tasks = session.tasks(games, skills)
+        metrics: dict[str, float] = {}
+        if cfg.rollout.overlap:
+            plan = self._analysis_plan(run)
+            records, stats, results, timing = session.play_overlapped(
+                tasks, cfg.rollout.group_size, session.sampling(), step, plan
+            )
+            metrics.update(timing.metrics())
+            if plan is not None:
+                metrics.update(_overlapped_analysis(records, results))
+        else:
+            records, stats = session.play(
+                tasks, cfg.rollout.group_size, session.sampling(), update=step
+            )
+        if cfg.rollout.one_step_off:
+            version = run.step if version is None else version
+            for record in records:  # the trainer step whose weights played it
+                record.policy_version = version
+        metrics.update(rollout_metrics(records))
+        metrics.update({f"rollout/{k}": float(v) for k, v in dataclasses.asdict(stats).items()})
+        return records, metrics
+
+    def _analysis_plan(self, run: Run) -> Any:
+        """What the overlapped rollout needs to analyse episodes as they end (None: none)."""
+        from megatron_seed.rollout.overlap import AnalysisPlan
+
+        if not analyzes(run.cfg):
+            return None
+        return AnalysisPlan(run.tokenizer, run.cfg.skill, self.session.analyzer_prompt_limit())
+
+    def _analyze(self, run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
+        """Hindsight skills from the same fleet weights, or a fixed source's."""
+        source = run.cfg.skill.teacher_source
+        if source != "analyzer":
+            assert self.job.skill_library is not None  # check_job
+            return library_skills(records, self.job.skill_library, source)
+        return self.reanalyze(run, records, run.cfg.skill)
+
+    def reanalyze(self, run: Run, records: list[TrajectoryRecord], skill: Any) -> dict:
+        """The fleet's analyzer over `records` under the skill settings `skill`."""
+        from megatron_seed.rollout.analyzer import analyze_records
+
+        limit = self.session.analyzer_prompt_limit()
+        return analyze_records(self.fleet, run.tokenizer, records, skill, max_prompt_tokens=limit)
+
+    def evaluate(self, run: Run) -> dict[str, float]:
+        """Greedy episodes on the evaluation games, no skill: success overall and per family."""
+        session = self.session
+        tasks = session.tasks(run.job.eval_games)
+        records, _ = session.play(tasks, 1, session.sampling(True), -1)
+        out = rollout_metrics(records, "evaluate")
+        for fam in sorted({r.family for r in records}):
+            rs = [r for r in records if r.family == fam]
+            out[f"evaluate/success_{fam}"] = sum(r.won for r in rs) / len(rs)
+        return out
+
+    def stale_pairs(self, run: Run, records: list[TrajectoryRecord]) -> Any:
+        """(lag, [(old, new)]) for `pipeline.one_step_off.staleness`: the lag between the
+        trainer and the oldest weights that played `records`; with a lag, up to
+        `rollout.staleness_sample` analysed records and their re-analysis by the engines
+        (which hold the trainer's weights now), every sampled one whatever `skill.select`
+        picked for training."""
+        cfg = run.cfg
+        lag = run.step - min(r.policy_version for r in records)
+        sample = [r for r in records if r.skill][: cfg.rollout.staleness_sample]
+        fresh: list[TrajectoryRecord] = []
+        if lag > 0 and sample and analyzes(cfg):
+            fresh = [copy.deepcopy(r) for r in sample]
+            for r in fresh:
+                r.skill, r.analysis = None, None
+            self.reanalyze(run, fresh, dataclasses.replace(cfg.skill, select="all"))
+        return lag, [(old, new) for old, new in zip(sample, fresh, strict=False) if new.skill]
+
+    # ------------------------------------------------------------------ weights, engines
+
+    def send_weights(self, stream: Any, meta: Any, dtype: torch.dtype, fleet: Any) -> dict:
+        """Stream the trainer's weights into every engine; bytes and seconds."""
+        stats = self.fleet.update_weights(stream, bucket_bytes=fleet.sync_bucket_bytes, meta=meta)
+        return {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds}
+
+    def refit_verdict(self, ids: list[int], reference: list[float], precision: str) -> Any:
+        """Every engine's log-probs of the probe against the trainer's: the per-engine gaps,
+        or the `RefitError` message naming the engine that differs."""
+        from megatron_seed.rollout.refit import RefitError, check_refit
+
+        per_engine = [p[0] for p in self.fleet.prompt_logprobs_per_engine([ids])]
+        fleet = self.job.cfg.fleet
+        tol = fleet.refit_max_gap_bf16 if precision == "bf16" else fleet.refit_max_gap_fp32
+        try:
+            return check_refit(reference, per_engine, tol)
+        except RefitError as err:
+            return str(err)
+
+    def sleep(self) -> None:
+        """The engines let their GPU memory go (colocation)."""
+        self.fleet.sleep()
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        """The engines take back `tags` (default: all) of their GPU memory."""
+        self.fleet.wake(tags)
+
+    def usage(self) -> dict[str, Any] | None:
+        """Busy and CPU seconds so far of every engine, env worker and the machine (None
+        when the pool keeps no count)."""
+        return self.session.usage() if hasattr(self.session.pool, "usage") else None
+
+    # ------------------------------------------------------------------ files
+
+    def start(self, step: int) -> None:
+        """Resume the log after update `step`; the output folders and the config."""
+        out = Path(self.job.out_dir)
+        self.log.truncate_after(step)
+        (out / "trajectories").mkdir(parents=True, exist_ok=True)
+        self.job.cfg.save(out / "config.json")
+
+    def save_trajectories(self, step: int, records: list[TrajectoryRecord] | None) -> None:
+        """OUT/trajectories/update_<step>.jsonl."""
+        path = Path(self.job.out_dir) / "trajectories" / f"update_{step:05d}.jsonl"
+        write_jsonl(records or [], path)
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        """Log one update and print its summary line."""
+        self.log.write(step, metrics)
+        self.rows.append({"step": step, **metrics})
+        print(_summary(step, self.job.cfg.updates, metrics), flush=True)
+
+    def note_preempted(self, step: int, updates: int) -> None:
+        """OUT/preempted.json: where the rerun resumes."""
+        note = {"step": step, "updates": updates}
+        (Path(self.job.out_dir) / PREEMPTED).write_text(json.dumps(note) + "\n")
+        print(f"preempted after update {step}: checkpoint saved; rerun to resume", flush=True)
+
+    def save_final(self, stream: Any, path: Path, hf_config: dict, tokenizer_dir: str) -> None:
+        """The trained policy as a HF folder (for evaluation and serving)."""
+        from megatron_seed.models.convert import save_hf_checkpoint
+
+        save_hf_checkpoint(stream, path, hf_config, tokenizer_from=tokenizer_dir)
+
+    def close(self) -> None:
+        """Stop what the session started."""
+        self.session.close()
+
+
+def _overlapped_analysis(records: list[TrajectoryRecord], results: list[Any]) -> dict[str, float]:
+    """Fold the analyses the overlapped rollout made into their records; their metrics."""
+    from megatron_seed.rollout.analyzer import apply_analysis
+
+    chosen = [records[r.index] for r in results]
+    metrics = apply_analysis(chosen, results)
+    trainable = sum(r.trainable for r in records)
+    metrics["analyze/selected_share"] = len(chosen) / max(1, trainable)
+    return metrics
+
+
+def _summary(step: int, total: int, m: dict[str, Any]) -> str:
+    keys = [
+        ("success", "rollout/success"),
+        ("len", "rollout/episode_length"),
+        ("loss", "train/loss/total"),
+        ("opd", "train/loss/opd"),
+        ("gate", "train/opd/gate_mean"),
+        ("pad", "train/pad_frac"),
+        ("skill_valid", "analyze/valid_rate"),
+        ("s", "time/update"),
+    ]
+    parts = [f"{name}={m[k]:.4g}" for name, k in keys if k in m]
+    return f"[update {step}/{total}] " + " ".join(parts)
