@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     """Validate, then print (`--dryrun`), submit (slurm) or run and wait (local)."""
     plan = _plan(args)
     job = parse_job(args.job) if args.job else None
+    if job is None:
+        _check_paths(job_paths(args))
     if args.executor == "local":
         return _local(plan, job, args)
     return _slurm(plan, job, args)
@@ -156,6 +158,18 @@ def job_paths(args: argparse.Namespace) -> dict[str, str]:
 
     given = {"SEED_MODEL_DIR": args.model, "SEED_GAMES_DIR": args.games, "SEED_OUT_DIR": args.out}
     return {k: v or os.environ[k] for k, v in given.items() if v or os.environ.get(k)}
+
+
+PATH_FLAGS = {"SEED_MODEL_DIR": "--model", "SEED_GAMES_DIR": "--games", "SEED_OUT_DIR": "--out"}
+
+
+def _check_paths(paths: dict[str, str]) -> None:
+    """A `seed train` job needs its model, games and output folder: refuse before anything
+    is rendered or queued when one is missing."""
+    missing = [k for k in PATH_FLAGS if k not in paths]
+    if missing:
+        flags = ", ".join(f"{PATH_FLAGS[k]} (or ${k})" for k in missing)
+        raise CommandError(f"the job would start without its paths: pass {flags}")
 
 
 def _slurm(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -> int:

@@ -73,3 +73,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
         if tier == "gpu" and skip_gpu is not None:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def job_paths(monkeypatch) -> None:
+    """SEED_MODEL_DIR / SEED_GAMES_DIR / SEED_OUT_DIR, the paths a launched `seed train`
+    job needs, as a user's shell would export them."""
+    for key in ("SEED_MODEL_DIR", "SEED_GAMES_DIR", "SEED_OUT_DIR"):
+        monkeypatch.setenv(key, "/shared/" + key.split("_")[1].lower())

@@ -126,11 +126,6 @@ class Follower:
     def note_preempted(self, step: int, updates: int) -> None:
         """Rank 0 leaves the note."""
 
-    def save_final(self, stream: Any, path: Path, hf_config: dict, tokenizer_dir: str) -> None:
-        """Take part in the export (its stream is a collective) and write nothing."""
-        for _ in stream:
-            pass
-
     def close(self) -> None:
         """Nothing to stop."""
 
@@ -329,12 +324,6 @@ class Leader(Follower):
         note = {"step": step, "updates": updates}
         (Path(self.job.out_dir) / PREEMPTED).write_text(json.dumps(note) + "\n")
         print(f"preempted after update {step}: checkpoint saved; rerun to resume", flush=True)
-
-    def save_final(self, stream: Any, path: Path, hf_config: dict, tokenizer_dir: str) -> None:
-        """The trained policy as a HF folder (for evaluation and serving)."""
-        from megatron_seed.models.convert import save_hf_checkpoint
-
-        save_hf_checkpoint(stream, path, hf_config, tokenizer_from=tokenizer_dir)
 
     def close(self) -> None:
         """Stop what the session started."""

@@ -54,12 +54,10 @@ def _sft_worker(
     model_dir: str, records: list[TrajectoryRecord], out_dir: str, cfg: SeedConfig
 ) -> dict:
     """One rank of SFT: epochs of shuffled mini-batches, then Megatron + HF checkpoints."""
-    import torch.distributed as dist
     from transformers import AutoTokenizer
 
-    from megatron_seed.models.convert import save_hf_checkpoint
     from megatron_seed.models.parallel import init_parallel
-    from megatron_seed.train.checkpoint import save_checkpoint
+    from megatron_seed.train.checkpoint import export_hf, save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
     init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device)
@@ -84,12 +82,7 @@ def _sft_worker(
     hf_config = json.loads((Path(model_dir) / "config.json").read_text())
     out = Path(out_dir)
     save_checkpoint(trainer, out / "megatron", hf_config, model_dir)
-    stream = trainer.export_weights()
-    if dist.get_rank() == 0:
-        save_hf_checkpoint(stream, out / "hf", hf_config, tokenizer_from=model_dir)
-    else:
-        for _ in stream:
-            pass
+    export_hf(trainer, out / "hf", hf_config, model_dir)
     return {"curve": curve, "examples": len(seqs)}
 
 

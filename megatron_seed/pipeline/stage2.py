@@ -51,7 +51,12 @@ from megatron_seed.pipeline.replay import replay_batch, replay_pool
 from megatron_seed.pipeline.roles import Follower, Leader, Played
 from megatron_seed.rollout.refit import RefitError, probe_ids
 from megatron_seed.train.batch import build_policy_batch
-from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from megatron_seed.train.checkpoint import (
+    export_hf,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from megatron_seed.train.trainer import SeedTrainer
 
 
@@ -207,8 +212,7 @@ def run_stage2(job: Stage2Job, fleet: Any = None, pool: Any = None) -> list[dict
                         checkpoint(run)  # this update boundary (unless it saved one)
                     run.side.note_preempted(run.step, job.cfg.updates)
                     return run.side.rows
-        final = Path(job.out_dir) / "final_hf"
-        run.side.save_final(run.trainer.export_weights(), final, run.hf_config, job.model_dir)
+        export_hf(run.trainer, Path(job.out_dir) / "final_hf", run.hf_config, job.model_dir)
     finally:
         if run.ahead_pool is not None:
             run.ahead_pool.shutdown(wait=True, cancel_futures=True)

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_seed.models.checkpoint import load_model, save_model
+from megatron_seed.models.convert import save_hf_checkpoint
 from megatron_seed.train.trainer import SeedTrainer, TrainerState
 
 
@@ -166,3 +167,14 @@ def load_checkpoint(trainer: SeedTrainer, path: str | Path, load_optimizer: bool
             f"checkpoint layout {state['layout']} differs from {_layout()}: RNG not restored",
             stacklevel=2,
         )
+
+
+def export_hf(trainer: SeedTrainer, path: Path, hf_config: dict, tokenizer_from: str) -> None:
+    """The trainer's weights as a HF folder (for evaluation and serving), written by rank 0;
+    a collective: every rank calls it."""
+    stream = trainer.export_weights()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        save_hf_checkpoint(stream, path, hf_config, tokenizer_from=tokenizer_from)
+    else:
+        for _ in stream:  # this rank's part of the gather
+            pass

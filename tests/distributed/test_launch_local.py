@@ -18,6 +18,10 @@ from megatron_seed import cli
 
 os.environ.setdefault("NEMORUN_HOME", tempfile.mkdtemp(prefix="nemorun-test-"))
 
+
+pytestmark = pytest.mark.usefixtures("job_paths")  # as a user's shell exports them
+
+
 JOB = """
 import os, sys
 import torch

@@ -28,6 +28,11 @@ from megatron_seed.config import SeedConfig
 
 # NeMo-Run reads NEMORUN_HOME when first imported (lazily, inside launch.*).
 os.environ.setdefault("NEMORUN_HOME", tempfile.mkdtemp(prefix="nemorun-test-"))
+
+
+pytestmark = pytest.mark.usefixtures("job_paths")  # as a user's shell exports them
+
+
 IMAGE = "registry.example/seed:gpu"
 
 # ---------------------------------------------------------------- recipes
@@ -229,6 +234,23 @@ def test_cli_bad_input_exits_2_with_one_line_and_no_script(argv, capsys) -> None
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("seed launch: error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("executor", ["local", "slurm"])
+def test_a_job_without_its_paths_is_refused_before_anything_renders(
+    executor, monkeypatch, capsys
+) -> None:
+    monkeypatch.delenv("SEED_GAMES_DIR")
+    monkeypatch.delenv("SEED_OUT_DIR")
+    argv = ["launch", "qwen2.5-7b", "--executor", executor, "--dryrun"]
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "--games (or $SEED_GAMES_DIR), --out (or $SEED_OUT_DIR)" in err
+    assert "--model" not in err  # set in the shell
+    assert cli.main([*argv, "--games", "/g", "--out", "/o"]) == 0  # flags are enough
+    capsys.readouterr()
+    assert cli.main([*argv, "--job", "my_job.py"]) == 0  # an own job reads its own paths
 
 
 # ---------------------------------------------------------------- the job command is data

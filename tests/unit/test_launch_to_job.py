@@ -11,6 +11,8 @@ import pytest
 
 from megatron_seed import cli
 
+pytestmark = pytest.mark.usefixtures("job_paths")  # as a user's shell exports them
+
 
 def _train_args(capsys) -> list[str]:
     assert (

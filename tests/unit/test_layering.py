@@ -3,6 +3,7 @@ outside `envs/alfworld/` imports ALFWorld code or knows its task marker."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -79,3 +80,39 @@ def test_alfworld_lives_in_its_own_package() -> None:
     # and the patterns do find what they look for
     assert ALFWORLD_IMPORT.search((REPO / "envs/alfworld/env.py").read_text())
     assert MARKER in (REPO / "envs/alfworld/prompt.py").read_text()
+
+
+def _rank_tests(source: str) -> list[str]:
+    """The functions of `source` that branch on which trainer rank they run on (a
+    comparison with `rank()` / `get_rank()`), outside a nested `role` chooser."""
+    found = []
+
+    def visit(node: ast.AST, fn: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef):
+                if child.name != "role":
+                    visit(child, child.name)
+                continue
+            if isinstance(child, ast.Compare):
+                calls = [n for n in ast.walk(child) if isinstance(n, ast.Call)]
+                names = {getattr(c.func, "attr", getattr(c.func, "id", None)) for c in calls}
+                if names & {"rank", "get_rank", "_rank"}:
+                    found.append(fn)
+            visit(child, fn)
+
+    visit(ast.parse(source), "<module>")
+    return sorted(set(found))
+
+
+def test_stage2_phases_never_test_the_rank() -> None:
+    """Roles are objects (`pipeline.roles`): only the choice of this rank's role (`role`
+    inside `_setup`) may branch on the rank."""
+    stage2 = (REPO / "megatron_seed/pipeline/stage2.py").read_text()
+    assert len(stage2.splitlines()) <= 300
+    offenders = {}
+    for path in sorted((REPO / "megatron_seed/pipeline").glob("*.py")):
+        if found := _rank_tests(path.read_text()):
+            offenders[path.name] = found
+    assert offenders == {}
+    # and the checker finds one
+    assert _rank_tests("def phase(run):\n    if rank() == 0:\n        pass\n") == ["phase"]
