@@ -206,7 +206,8 @@ def run_stage2(job: Stage2Job, fleet: Any = None, pool: Any = None) -> list[dict
     try:
         with preemption() as asked:
             while run.step < job.cfg.updates:
-                run.side.write(run.step, update(run))
+                metrics = update(run)
+                run.side.write(run.step, metrics)  # the step the update just made
                 if asked():
                     if not (job.cfg.save_every and run.step % job.cfg.save_every == 0):
                         checkpoint(run)  # this update boundary (unless it saved one)
