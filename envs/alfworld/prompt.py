@@ -27,8 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from envs.base import MAX_ACTION_CHARS, sanitize_action
-from envs.spec import Prompts, choose_style
+from envs.api import MAX_ACTION_CHARS, Prompts, choose_style, sanitize_action
 
 TASK_PREFIX = "Your task is to: "
 TASK_MARKER = TASK_PREFIX.strip()  # where H inserts the skill

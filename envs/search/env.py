@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.base import MAX_ACTION_CHARS
+from envs.api import MAX_ACTION_CHARS
 from envs.search.retriever import TOP_K, Doc, Retriever, find_root, load_retriever
 from envs.search.tasks import load_task
 
@@ -84,7 +84,7 @@ def information(docs: Sequence[Doc]) -> str:
 
 
 class SearchEnv:
-    """One question at a time (implements ``envs.base.Env``).
+    """One question at a time (implements ``envs.api.Env``).
 
     ``retriever``: a fixed retriever (tests); default: the one the task folder's
     ``retriever.json`` names, loaded once per process.

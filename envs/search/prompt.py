@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from envs.api import Prompts, choose_style
 from envs.search.env import parse_reply
-from envs.spec import Prompts, choose_style
 
 TASK_MARKER = "Question:"
 

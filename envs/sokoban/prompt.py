@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from envs.api import Prompts, choose_style
 from envs.sokoban.grid import MOVES
-from envs.spec import Prompts, choose_style
 
 TASK_MARKER = "Your goal is to"
 
