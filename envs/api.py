@@ -123,6 +123,9 @@ class BatchedEnv:
 
 # ---------------------------------------------------------------------------- prompts
 
+History = Sequence[tuple[str, str]]  # an episode's (observation, action) pairs, oldest first
+Admissible = Sequence[str] | None  # the admissible actions; None: the environment lists none
+
 
 class PromptStyle(Protocol):
     """The actor prompt of one style: a system prompt and three renderers."""
@@ -142,12 +145,7 @@ class PromptStyle(Protocol):
         ...
 
     def window(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        step: int,
-        admissible: Sequence[str] | None,
+        self, goal: str, history: History, observation: str, step: int, admissible: Admissible
     ) -> str:
         """One user message holding the last k (observation, action) pairs."""
         ...
@@ -182,9 +180,9 @@ def choose_style(styles: Mapping[str, Prompts], name: str) -> Prompts:
 def user_message(
     style: PromptStyle,
     goal: str,
-    history: Sequence[tuple[str, str]],
+    history: History,
     observation: str,
-    admissible: Sequence[str] | None,
+    admissible: Admissible,
     history_mode: str,
     history_window: int,
 ) -> str:
