@@ -47,11 +47,11 @@ def get_env(name: str) -> EnvSpec:
     spec = obj() if callable(obj) and not isinstance(obj, EnvSpec) else obj
     if not isinstance(spec, EnvSpec):
         raise EnvSpecError(f"{target} is not an EnvSpec (got {type(spec).__name__})")
+    if spec.name != name:  # found by import path: remember it under that path too
+        spec = dataclasses.replace(spec, name=name)
     try:
         spec.check()
     except TypeError as err:
         raise EnvSpecError(str(err)) from None
-    if spec.name != name:  # found by import path: remember it under that path too
-        spec = dataclasses.replace(spec, name=name)
     _LOADED[name] = spec
     return spec

@@ -44,8 +44,8 @@ def spec() -> EnvSpec:
         parse_action=prompt.parse_action,
         task_marker=prompt.TASK_MARKER,
         description="a search-based question-answering environment (Search-R1 protocol)",
-        # Search-R1: 4 turns, 500 tokens a reply (max_response_length), the whole
-        # interaction in the context (a windowed prompt keeps all 4 turns)
+        # Search-R1 and verl-agent: 4 turns (verl-agent keeps all 4 in a windowed prompt),
+        # 500 tokens a reply (max_response_length)
         rollout=RolloutDefaults(
             max_steps=DEFAULT_MAX_STEPS, max_response_tokens=500, history_window=4
         ),
