@@ -334,6 +334,8 @@ class EnvSpec:
     plan(task) -> the expert's actions; raises ValueError where the task has none
         (`expert_plan` answers None there).
     generate_tasks(root, split, n, seed, **options) -> task folders written offline.
+    oracle, command, demos: the typed plug-ins (`Oracle`, `TaskCommand`, `DemoPlayers`),
+        checked when the registry loads the spec (`check`).
     """
 
     name: str

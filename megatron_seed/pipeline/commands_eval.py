@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.spec import DEFAULT_ENV
+from envs.spec import DEFAULT_ENV, EnvSpecError, get_env
 from megatron_seed.errors import CommandError
 
 SCRIPTED = ("expert", "random")
@@ -189,7 +189,6 @@ def _model_episodes(args: argparse.Namespace, cfg: Any, tasks: list[str]) -> lis
     )
     skills = None
     if args.skill_library:
-        from envs.spec import get_env
         from megatron_seed.skills.library import LibraryError, load_library
 
         try:
@@ -227,8 +226,6 @@ def table(summary: dict, columns: tuple[tuple[str, str], ...]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Play the policy, print the table, write ``--out``."""
-    from envs.spec import EnvSpecError, get_env
-
     if args.episodes < 1:
         raise CommandError(f"--episodes must be at least 1, got {args.episodes}")
     try:

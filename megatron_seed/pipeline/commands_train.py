@@ -28,6 +28,7 @@ import json
 import os
 from pathlib import Path
 
+from envs.spec import EnvSpecError, get_env
 from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.methods import METHODS, get_method
 
@@ -72,7 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace):
     """Environment budgets <- recipe <- method <- --config-json <- flags (the environment
     is the one these name, `envs.spec.DEFAULT_ENV` when none does)."""
-    from envs.spec import EnvSpecError, get_env
     from megatron_seed import recipes
     from megatron_seed.config import SeedConfig
 
@@ -135,7 +135,6 @@ def _given(changes: dict) -> dict:
 
 def build_job(args: argparse.Namespace):
     """Validate paths and assemble the Stage2Job (fail loud before any compute)."""
-    from envs.spec import EnvSpecError, get_env
     from megatron_seed.models.checks import validate_hf_dir
     from megatron_seed.pipeline.stage2 import Stage2Job
 
