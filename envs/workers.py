@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.base import EpisodeStatus, StepResult, status_of
+from envs.api import EpisodeStatus, StepResult, status_of
+from envs.spec import DEFAULT_ENV, get_env
 
 # what a worker returns per episode: ("ok", obs, reward, done, info) or ("error", message)
 _Reply = tuple
@@ -36,8 +38,6 @@ class EnvWorker:
     ``env`` (a name ``envs.spec.get_env`` resolves in this process)."""
 
     def __init__(self, env: str, max_steps: int) -> None:
-        from envs.spec import get_env
-
         self._make_env = get_env(env).make_env
         self._max_steps = max_steps
         self._free: list[Any] = []
@@ -58,10 +58,9 @@ class EnvWorker:
         return os.getpid()
 
     def node(self) -> str:
-        """The node this worker runs on (Slurm's name, else the host name)."""
-        from megatron_seed.hosts import node_name
-
-        return node_name()
+        """The node this worker runs on: Slurm's name (inherited by the job's Ray workers),
+        else the host name, as `megatron_seed.hosts.node_name` names the library's."""
+        return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
     def prefetch(self, episode_id: int, game: str) -> None:
         """Load and reset ``game`` now so that ``reset(episode_id)`` returns at once."""
@@ -160,7 +159,7 @@ class EnvPool:
 
     def __init__(
         self,
-        env: str = "alfworld",
+        env: str = DEFAULT_ENV,
         num_workers: int = 2,
         max_steps: int = 30,
         step_timeout_s: float = 60.0,

@@ -35,7 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "megatron_seed.testbed.commands_smoke",
         "tiny real Megatron forward/backward/log-probs",
     ),
-    "games": ("envs.commands", "write an environment's tasks offline (--env NAME)"),
+    "games": (
+        "megatron_seed.pipeline.commands_games",
+        "write an environment's tasks offline (--env NAME)",
+    ),
     "eval": (
         "megatron_seed.pipeline.commands_eval",
         "play a policy (expert, random or a model) on an environment's tasks, no training",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from envs.spec import DEFAULT_ENV
 from megatron_seed.errors import ConfigError
 
 _INF = math.inf
@@ -295,9 +296,9 @@ class FleetConfig(_Checked):
 
 @dataclass(frozen=True)
 class EnvConfig(_Checked):
-    """The environment (a name from `envs.registry`) and its Ray worker processes."""
+    """The environment (an `envs.spec.get_env` name) and its Ray worker processes."""
 
-    name: str = "alfworld"
+    name: str = DEFAULT_ENV
     workers: int = _range(2, 1)
     step_timeout_s: float = _range(60.0, 0.0, open_lo=True)
     reset_timeout_s: float = _range(300.0, 0.0, open_lo=True)

@@ -26,6 +26,9 @@ stated; numbers from `launch.layout.trainer_memory_gib`, which spells out the ar
 
 The CPU recipes: `tiny` (two Stage-2 updates of a tiny model, the tests') and `default` /
 `default-quick` (the default job's Stage 1 and Stage 2, `seed run [--quick]`).
+
+A job's config layers: the environment's rollout budgets (`envs.api.RolloutDefaults`) under
+the recipe (`on_env`), then the method, `--config-json` and flags on top.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron_seed.config import (
     AlgoConfig,
@@ -44,6 +47,9 @@ from megatron_seed.config import (
     SeedConfig,
     SkillConfig,
 )
+
+if TYPE_CHECKING:
+    from envs.api import RolloutDefaults
 
 
 @dataclass(frozen=True)
@@ -288,3 +294,17 @@ def get(name: str) -> Recipe:
         return RECIPES[name]()
     except KeyError:
         raise KeyError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}") from None
+
+
+def on_env(cfg: SeedConfig, defaults: RolloutDefaults | None) -> SeedConfig:
+    """``cfg`` (a recipe's config) over an environment's rollout budgets: each budget the
+    recipe leaves at `RolloutConfig`'s default becomes the environment's; one it sets stays."""
+    if defaults is None:
+        return cfg
+    library = RolloutConfig()
+    kept = {
+        key: value
+        for key, value in defaults.as_changes().items()
+        if getattr(cfg.rollout, key) == getattr(library, key)
+    }
+    return cfg.with_changes({"rollout": kept})

@@ -1,4 +1,4 @@
-"""ALFWorld (TextWorld + PDDL) as one environment package behind `envs.spec.EnvSpec`.
+"""ALFWorld (TextWorld + PDDL) as one environment package behind `envs.api.EnvSpec`.
 
 - ``env``: ``AlfWorldEnv`` on alfworld's own wrappers; game folders, families, expert plans.
 - ``games``: the offline game generator (``seed games``), from what ``alfworld`` ships.
@@ -8,14 +8,16 @@
 - ``commands``: ``seed games --env alfworld``.
 
 Nothing outside this package imports ALFWorld code or knows its prompt: the library takes
-``spec()`` through ``envs.spec.get_env("alfworld")``.
+``spec()`` through ``envs.spec.get_env("alfworld")``. alfworld and textworld themselves are
+imported only when a game is played or written.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from envs.spec import EnvSpec
+from envs.alfworld import commands, expert, oracle, prompt
+from envs.alfworld.env import DEFAULT_MAX_STEPS, AlfWorldEnv, expert_plan, find_games, game_family
+from envs.alfworld.games import generate_games
+from envs.api import EnvSpec, RolloutDefaults
 
 FAMILY_COLUMNS = (
     ("pick", "Pick"),
@@ -27,64 +29,24 @@ FAMILY_COLUMNS = (
 )  # the paper's Table 1 order
 
 
-def _make_env(max_steps: int) -> Any:
-    from envs.alfworld.env import AlfWorldEnv
-
-    return AlfWorldEnv(max_steps)
-
-
-def _list_tasks(root: Any, split: str | None) -> list[Any]:
-    from envs.alfworld.env import find_games
-
-    return find_games(root, split)
-
-
-def _family(task: str) -> str:
-    from envs.alfworld.env import game_family
-
-    return game_family(task)
-
-
-def _expert_plan(task: str) -> list[str] | None:
-    from envs.alfworld.env import GameFormatError, expert_plan
-
-    try:
-        return expert_plan(task)
-    except GameFormatError:
-        return None
-
-
-def _oracle() -> Any:
-    from envs.alfworld.oracle import EmbeddedAnalyzer
-
-    return EmbeddedAnalyzer()
-
-
-def _generate(root: Any, split: str, n: int, seed: int, **options: Any) -> list[Any]:
-    """``generate_games``; ``room=(receptacles, distractors)`` sets the room size."""
-    from envs.alfworld.games import RoomSize, generate_games
-
-    room = options.pop("room", None)
-    return generate_games(root, split, n, seed, RoomSize(*room) if room else None, **options)
-
-
 def spec() -> EnvSpec:
-    """ALFWorld's environment spec."""
-    from envs.alfworld.prompt import TASK_MARKER, parse_action, prompt_style
-
+    """ALFWorld's environment spec (``generate_tasks`` takes ``room=(receptacles,
+    distractors)`` for the room size)."""
     return EnvSpec(
         name="alfworld",
-        make_env=_make_env,
-        list_tasks=_list_tasks,
-        family=_family,
-        prompts=prompt_style,
-        parse_action=parse_action,
-        task_marker=TASK_MARKER,
+        make_env=AlfWorldEnv,
+        list_tasks=find_games,
+        family=game_family,
+        prompts=prompt.prompt_style,
+        parse_action=prompt.parse_action,
+        task_marker=prompt.TASK_MARKER,
         description="a text-based household environment (ALFWorld)",
+        # the paper's Table 5: 30 steps, 512 tokens a reply; verl-agent keeps 2 turns
+        rollout=RolloutDefaults(DEFAULT_MAX_STEPS, max_response_tokens=512, history_window=2),
         report_columns=FAMILY_COLUMNS,
-        expert_plan=_expert_plan,
-        oracle_analyzer=_oracle,
-        generate_tasks=_generate,
-        commands="envs.alfworld.commands",
-        demos="envs.alfworld.expert",
+        plan=expert_plan,
+        oracle=oracle.ORACLE,
+        generate_tasks=generate_games,
+        command=commands,
+        demos=expert,
     )

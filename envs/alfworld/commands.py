@@ -6,7 +6,7 @@ import argparse
 import collections
 import time
 
-from envs.alfworld.games import FAMILIES, SPLIT_DIRS, GameGenerationError, RoomSize
+from envs.alfworld.games import FAMILIES, SPLIT_DIRS, RoomSize, generate_games
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,18 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate the games; user errors become CommandError (exit code 2)."""
-    from envs.alfworld.games import generate_games
-    from megatron_seed.errors import CommandError, output_dir
-
+    """Generate the games; bad input raises `GameGenerationError` (a ValueError)."""
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     start = time.perf_counter()
-    try:
-        room = RoomSize(args.receptacles, args.distractors)
-        out = output_dir(args.out)
-        folders = generate_games(out, args.split, args.n, args.seed, room, families)
-    except GameGenerationError as err:
-        raise CommandError(str(err)) from err
+    room = RoomSize(args.receptacles, args.distractors)
+    folders = generate_games(args.out, args.split, args.n, args.seed, room, families)
     counts = collections.Counter(f.parent.name.split("-")[0] for f in folders)
     seconds = time.perf_counter() - start
     print(

@@ -19,7 +19,7 @@ from typing import Any
 
 from envs.alfworld import textgen_memo
 from envs.alfworld.games import FAMILIES, SPLIT_DIRS, TASK_TYPE_TO_FAMILY
-from envs.base import MAX_ACTION_CHARS, sanitize_action
+from envs.api import MAX_ACTION_CHARS, sanitize_action
 
 DEFAULT_MAX_STEPS = 30  # the paper's ALFWorld episode budget (Table 5)
 _BANNER = "-= Welcome to TextWorld, ALFRED! =-"
@@ -93,7 +93,7 @@ def expert_plan(game: str | os.PathLike, kind: str = "planner") -> list[str]:
 
 
 class AlfWorldEnv:
-    """One ALFWorld episode at a time on the real engine (implements ``envs.base.Env``)."""
+    """One ALFWorld episode at a time on the real engine (implements ``envs.api.Env``)."""
 
     def __init__(
         self,

@@ -164,7 +164,7 @@ def generate_games(
     split: str,
     n: int,
     seed: int,
-    room: RoomSize | None = None,
+    room: RoomSize | tuple[int, int] | None = None,
     families: list[str] | None = None,
     *,
     handcoded: bool = True,
@@ -175,8 +175,9 @@ def generate_games(
 
     Game ``i`` depends only on (split, seed, first_index + i, room, family), so ``workers``
     processes write exactly the games one process would. ``handcoded``: see ``write_game``.
+    ``room``: a `RoomSize` or its (receptacles, distractors).
     """
-    room = room or RoomSize()
+    room = RoomSize(*room) if isinstance(room, tuple) else room or RoomSize()
     families = families or list(FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:

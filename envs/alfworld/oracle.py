@@ -4,7 +4,7 @@ For offline use without an endpoint (the default CPU job, tests). It replays the
 actions and the environment's answers to track where the agent was, what it held and what
 changed, compares that with the game's expert plan, and writes the reply an analyzer would:
 ``{"summary": ..., "skill": ...}``. The reply goes through the same parsing and validation
-as any analyzer's (`EmbeddedAnalyzer` is a ``generate_fn``).
+as any analyzer's (`ORACLE`, through `megatron_seed.skills.oracle`).
 
 - success: a workflow built from the actions that mattered ("Workflow: to put a clean mug in
   microwave, go to shelf 1, take mug 1 from shelf 1, ..., then move mug 1 to microwave 1."),
@@ -31,9 +31,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.oracle import OracleAnalyzer
-from megatron_seed.data.records import Status, TrajectoryRecord
-from megatron_seed.skills.prompt import action_of, step_feedback, task_of
+from envs.api import STATUS_MAX_STEPS, EpisodeFacts, Oracle, action_of, step_feedback, task_of
 
 _NOTHING = "nothing happens"
 MAX_PLAN_STEPS = 8  # longest expert-plan excerpt quoted in a failure's fix
@@ -85,7 +83,7 @@ class GameFacts:
     expert_plan: list[str] = field(default_factory=list)
 
 
-def game_facts(record: TrajectoryRecord) -> GameFacts:
+def game_facts(record: EpisodeFacts) -> GameFacts:
     """Facts from ``record.meta``, completed from the game folder when it exists."""
     meta = record.meta
     params = {
@@ -143,7 +141,7 @@ class Replay:
     done: list[tuple[str, str, str]]  # parsed commands that succeeded, in order
 
 
-def replay(record: TrajectoryRecord) -> Replay:
+def replay(record: EpisodeFacts) -> Replay:
     """Track location, held object, closed receptacles and object states through the episode."""
     location: str | None = None
     holding: str | None = None
@@ -360,7 +358,7 @@ def _family_rule(facts: GameFacts, actions: list[str]) -> str:
     )
 
 
-def success_skill(record: TrajectoryRecord, rep: Replay, facts: GameFacts) -> str:
+def success_skill(record: EpisodeFacts, rep: Replay, facts: GameFacts) -> str:
     """A workflow from the steps that mattered, the family rule and where time was lost."""
     kept: list[str] = []
     last_go: str | None = None
@@ -409,7 +407,7 @@ def success_skill(record: TrajectoryRecord, rep: Replay, facts: GameFacts) -> st
     return text
 
 
-def failure_skill(record: TrajectoryRecord, rep: Replay, facts: GameFacts) -> str:
+def failure_skill(record: EpisodeFacts, rep: Replay, facts: GameFacts) -> str:
     """An avoidance rule: the first mistake found, why, and the fix from the expert plan."""
     issues: list[str] = []
     fixes: list[str] = []
@@ -455,7 +453,7 @@ def failure_skill(record: TrajectoryRecord, rep: Replay, facts: GameFacts) -> st
                 f"... (the remaining {len(rest) - MAX_PLAN_STEPS + 1} steps)",
             ]
         text += f" Instead, starting from {_goal_phrase(unmet[1])}: {_join_steps(rest)}."
-    if record.status is Status.MAX_STEPS:
+    if record.status == STATUS_MAX_STEPS:
         progress = f"before {_goal_phrase(unmet[1])}" if unmet else "before the task was done"
         text += (
             f" The {len(rep.steps)}-step budget ran out {progress}; stop repeating what failed "
@@ -464,7 +462,7 @@ def failure_skill(record: TrajectoryRecord, rep: Replay, facts: GameFacts) -> st
     return text
 
 
-def analyze_record(record: TrajectoryRecord) -> dict[str, str]:
+def analyze_record(record: EpisodeFacts) -> dict[str, str]:
     """The embedded analyzer's answer for one trajectory: {"summary": ..., "skill": ...}."""
     facts = game_facts(record)
     rep = replay(record)
@@ -476,12 +474,8 @@ def analyze_record(record: TrajectoryRecord) -> dict[str, str]:
         summary = f"The agent completed '{goal}' in {n} steps ({invalid} rejected actions)."
     else:
         skill = failure_skill(record, rep, facts)
-        summary = f"The agent failed '{goal}' after {n} steps ({invalid} rejected actions; status {record.status.value})."
+        summary = f"The agent failed '{goal}' after {n} steps ({invalid} rejected actions; status {record.status})."
     return {"summary": summary, "skill": skill}
 
 
-class EmbeddedAnalyzer(OracleAnalyzer):
-    """``generate_fn`` that answers every request with `analyze_record` as JSON text."""
-
-    def __init__(self) -> None:
-        super().__init__(analyze_record, "embedded analyzer")
+ORACLE = Oracle(analyze_record, "embedded analyzer")

@@ -27,8 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from envs.base import MAX_ACTION_CHARS, sanitize_action
-from envs.spec import Prompts, choose_style
+from envs.api import MAX_ACTION_CHARS, History, Prompts, choose_style, sanitize_action
 
 TASK_PREFIX = "Your task is to: "
 TASK_MARKER = TASK_PREFIX.strip()  # where H inserts the skill
@@ -92,11 +91,7 @@ def render_step_observation(step: int, observation: str, admissible: Sequence[st
 
 
 def render_window_prompt(
-    task: str,
-    history: Sequence[tuple[str, str]],
-    observation: str,
-    step: int,
-    admissible: Sequence[str],
+    task: str, history: History, observation: str, step: int, admissible: Sequence[str]
 ) -> str:
     """One user message holding the last k (observation, action) pairs (windowed mode).
 
@@ -170,11 +165,7 @@ def render_step_compact(step: int, observation: str, admissible: Sequence[str]) 
 
 
 def render_window_compact(
-    task: str,
-    history: Sequence[tuple[str, str]],
-    observation: str,
-    step: int,
-    admissible: Sequence[str],
+    task: str, history: History, observation: str, step: int, admissible: Sequence[str]
 ) -> str:
     """Windowed compact prompt: the task line, the last k (observation, action) pairs, the
     current observation."""

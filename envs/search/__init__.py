@@ -1,7 +1,8 @@
-"""Search-based question answering (Search-R1 protocol) behind `envs.spec.EnvSpec`.
+"""Search-based question answering (Search-R1 protocol) behind `envs.api.EnvSpec`.
 
 - ``env``: ``SearchEnv`` (``<search>``/``<answer>`` steps, top-3 ``<information>``, exact
-  match after SQuAD normalisation), ``normalize_answer``, ``exact_match``.
+  match after SQuAD normalisation), ``normalize_answer``, ``exact_match``; its docstring
+  states where it departs from Search-R1.
 - ``retriever``: BM25 (bm25s) over a JSONL corpus with an on-disk index cache, and a client
   of Search-R1's ``POST /retrieve`` server; ``load_retriever(root)``.
 - ``corpus``: the generated encyclopedia of fictional entities and its questions, tagged by
@@ -16,9 +17,10 @@ Heavy dependencies (bm25s, pyarrow, requests) are imported only when used.
 
 from __future__ import annotations
 
-from typing import Any
-
-from envs.spec import EnvSpec
+from envs.api import EnvSpec, RolloutDefaults
+from envs.search import commands, expert, oracle, prompt
+from envs.search.env import DEFAULT_MAX_STEPS, SearchEnv
+from envs.search.tasks import expert_plan, generate_tasks, list_tasks, task_family
 
 REPORT_COLUMNS = (
     ("nq", "NQ"),
@@ -31,62 +33,26 @@ REPORT_COLUMNS = (
 )  # Search-R1's table order
 
 
-def _make_env(max_steps: int) -> Any:
-    from envs.search.env import SearchEnv
-
-    return SearchEnv(max_steps)
-
-
-def _list_tasks(root: Any, split: str | None) -> list[Any]:
-    from envs.search.tasks import list_tasks
-
-    return list_tasks(root, split)
-
-
-def _family(task: str) -> str:
-    from envs.search.tasks import task_family
-
-    return task_family(task)
-
-
-def _expert_plan(task: str) -> list[str] | None:
-    from envs.search.tasks import TaskError, expert_plan
-
-    try:
-        return expert_plan(task)
-    except TaskError:
-        return None
-
-
-def _oracle() -> Any:
-    from envs.search.oracle import EmbeddedAnalyzer
-
-    return EmbeddedAnalyzer()
-
-
-def _generate(root: Any, split: str, n: int, seed: int, **options: Any) -> list[Any]:
-    from envs.search.tasks import generate_tasks
-
-    return generate_tasks(root, split, n, seed, **options)
-
-
 def spec() -> EnvSpec:
     """The search environment's spec."""
-    from envs.search.prompt import TASK_MARKER, parse_action, prompt_style
-
     return EnvSpec(
         name="search",
-        make_env=_make_env,
-        list_tasks=_list_tasks,
-        family=_family,
-        prompts=prompt_style,
-        parse_action=parse_action,
-        task_marker=TASK_MARKER,
+        make_env=SearchEnv,
+        list_tasks=list_tasks,
+        family=task_family,
+        prompts=prompt.prompt_style,
+        parse_action=prompt.parse_action,
+        task_marker=prompt.TASK_MARKER,
         description="a search-based question-answering environment (Search-R1 protocol)",
+        # Search-R1 and verl-agent: 4 turns (verl-agent keeps all 4 in a windowed prompt),
+        # 500 tokens a reply (max_response_length)
+        rollout=RolloutDefaults(
+            max_steps=DEFAULT_MAX_STEPS, max_response_tokens=500, history_window=4
+        ),
         report_columns=REPORT_COLUMNS,
-        expert_plan=_expert_plan,
-        oracle_analyzer=_oracle,
-        generate_tasks=_generate,
-        commands="envs.search.commands",
-        demos="envs.search.expert",
+        plan=expert_plan,
+        oracle=oracle.ORACLE,
+        generate_tasks=generate_tasks,
+        command=commands,
+        demos=expert,
     )

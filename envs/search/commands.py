@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+from pathlib import Path
 
 from envs.search.corpus import DATA_SOURCES
-from envs.search.tasks import DEFAULT_CORPUS_SIZE, DEFAULT_MAX_HOPS, SPLITS
+from envs.search.official import convert_parquet
+from envs.search.tasks import DEFAULT_CORPUS_SIZE, DEFAULT_MAX_HOPS, SPLITS, generate_tasks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,33 +41,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate or convert the tasks; bad input becomes CommandError (exit code 2)."""
-    from envs.search.retriever import RetrieverError
-    from megatron_seed.errors import CommandError, output_dir
-
+    """Generate or convert the tasks; bad input raises a ValueError (TaskError,
+    RetrieverError)."""
     start = time.perf_counter()
-    try:
-        out = output_dir(args.out)
-        if args.from_parquet:
-            from envs.search.official import convert_parquet
-
-            paths = convert_parquet(
-                args.from_parquet, out, args.split, args.n, args.corpus, args.retriever_url
-            )
-        else:
-            if args.corpus or args.retriever_url:
-                raise CommandError("--corpus and --retriever-url go with --from-parquet")
-            if args.n is None:
-                raise CommandError("--n is required to generate tasks")
-            from envs.search.tasks import generate_tasks
-
-            families = [f.strip() for f in args.families.split(",") if f.strip()]
-            paths = generate_tasks(
-                out, args.split, args.n, args.seed, corpus_size=args.corpus_size,
-                max_hops=args.max_hops, families=families,
-            )  # fmt: skip
-    except (ValueError, RetrieverError) as err:  # TaskError, RetrieverError
-        raise CommandError(str(err)) from None
+    out = Path(args.out)
+    if args.from_parquet:
+        paths = convert_parquet(
+            args.from_parquet, out, args.split, args.n, args.corpus, args.retriever_url
+        )
+    else:
+        if args.corpus or args.retriever_url:
+            raise ValueError("--corpus and --retriever-url go with --from-parquet")
+        if args.n is None:
+            raise ValueError("--n is required to generate tasks")
+        families = [f.strip() for f in args.families.split(",") if f.strip()]
+        paths = generate_tasks(
+            out, args.split, args.n, args.seed, corpus_size=args.corpus_size,
+            max_hops=args.max_hops, families=families,
+        )  # fmt: skip
     counts = collections.Counter(p.parent.name for p in paths)
     seconds = time.perf_counter() - start
     print(f"wrote {len(paths)} {args.split} tasks to {out}/{args.split} in {seconds:.1f}s")

@@ -1,9 +1,7 @@
 """The search environment: Search-R1's interaction protocol over a retriever.
 
 A task is a question. Each step the reply must hold exactly one ``<search>query</search>``
-or ``<answer>text</answer>`` (Search-R1's ``postprocess_predictions`` takes the first tag; this
-env is stricter, as the brief of the reference stack (verl-agent) counts several tags, both
-kinds, none, or an empty one as an invalid action):
+or ``<answer>text</answer>``:
 
 - search: the observation is the top-3 passages as Search-R1's ``_passages2string`` formats
   them, ``Doc 1(Title: "T") text`` one per line, inside ``<information>...</information>``;
@@ -12,8 +10,20 @@ kinds, none, or an empty one as an invalid action):
   articles a/an/the removed, whitespace collapsed; Search-R1's ``em_check``);
 - invalid: the observation is the environment's error message, reward 0, the step counts,
   ``info["invalid"] = True`` (the reference penalises it by 0.01: the library's
-  ``rollout.invalid_action_penalty`` applies that, not the env);
-- after ``max_steps`` actions (the reference: 4) without an answer the episode ends, lost.
+  ``rollout.invalid_action_penalty`` applies that, not the env).
+
+Turns: ``max_steps`` replies in all (4 by default), searches and the answer alike; after the
+last one the episode ends, lost unless it was a right answer. Search-R1 plays ``max_turns``
+turns whose searches run and then one more reply whose search is not run (its final answer
+turn): up to ``max_turns + 1`` replies.
+
+Where else it departs from Search-R1 (``postprocess_predictions`` takes the first
+``<(search|answer)>(.*?)</\1>`` match, case-sensitive, of any length):
+- a reply holding several tags, both kinds, an unclosed tag or an empty one is invalid (as
+  verl-agent's brief of the reference stack counts them), not read by its first tag;
+- the tags may be upper or lower case (``<SEARCH>`` is a search);
+- a query or answer longer than ``MAX_ACTION_CHARS`` (256) characters is invalid;
+- the invalid-reply message is this module's ``INVALID_MESSAGE``, not Search-R1's.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.base import MAX_ACTION_CHARS
+from envs.api import MAX_ACTION_CHARS
 from envs.search.retriever import TOP_K, Doc, Retriever, find_root, load_retriever
 from envs.search.tasks import load_task
 
@@ -84,7 +94,7 @@ def information(docs: Sequence[Doc]) -> str:
 
 
 class SearchEnv:
-    """One question at a time (implements ``envs.base.Env``).
+    """One question at a time (implements ``envs.api.Env``).
 
     ``retriever``: a fixed retriever (tests); default: the one the task folder's
     ``retriever.json`` names, loaded once per process.

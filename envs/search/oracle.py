@@ -24,11 +24,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.oracle import OracleAnalyzer
+from envs.api import EpisodeFacts, Oracle, action_of, step_feedback
 from envs.search.env import exact_match, parse_reply
 from envs.search.tasks import load_task
-from megatron_seed.data.records import TrajectoryRecord
-from megatron_seed.skills.prompt import action_of, step_feedback
 
 _TITLE = re.compile(r"Doc \d+\(Title: (.+?)\) ")
 
@@ -48,7 +46,7 @@ class Step:
     new_gold: list[str] = field(default_factory=list)  # gold passages it reached first
 
 
-def replay(record: TrajectoryRecord, gold: list[str]) -> list[Step]:
+def replay(record: EpisodeFacts, gold: list[str]) -> list[Step]:
     """The episode's actions with what each search retrieved and which gold passages it
     reached for the first time."""
     found: set[str] = set()
@@ -138,7 +136,7 @@ def success_skill(steps: list[Step], task: dict[str, Any], gold: list[str]) -> s
     return text
 
 
-def analyze_record(record: TrajectoryRecord) -> dict[str, str]:
+def analyze_record(record: EpisodeFacts) -> dict[str, str]:
     """The oracle's answer for one trajectory: ``{"summary": ..., "skill": ...}``."""
     task = load_task(record.game)
     gold = [_clean(t) for t in task.get("gold_titles") or []]
@@ -157,8 +155,4 @@ def analyze_record(record: TrajectoryRecord) -> dict[str, str]:
     return {"summary": summary, "skill": skill}
 
 
-class EmbeddedAnalyzer(OracleAnalyzer):
-    """``generate_fn`` answering every request with `analyze_record` as JSON text."""
-
-    def __init__(self) -> None:
-        super().__init__(analyze_record, "search oracle")
+ORACLE = Oracle(analyze_record, "search oracle")

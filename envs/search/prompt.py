@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from envs.api import Admissible, History, Prompts, choose_style
 from envs.search.env import parse_reply
-from envs.spec import Prompts, choose_style
 
 TASK_MARKER = "Question:"
 
@@ -74,11 +74,7 @@ def render_step(step: int, observation: str, admissible: Sequence[str] | None) -
 
 
 def render_window_paper(
-    goal: str,
-    history: Sequence[tuple[str, str]],
-    observation: str,
-    step: int,
-    admissible: Sequence[str] | None,
+    goal: str, history: History, observation: str, step: int, admissible: Admissible
 ) -> str:
     """One user message: the instruction, the question, the last k (observation, action)
     pairs (the question itself is not repeated), the current observation."""
@@ -96,11 +92,7 @@ def render_first_compact(goal: str, observation: str, admissible: Sequence[str] 
 
 
 def render_window_compact(
-    goal: str,
-    history: Sequence[tuple[str, str]],
-    observation: str,
-    step: int,
-    admissible: Sequence[str] | None,
+    goal: str, history: History, observation: str, step: int, admissible: Admissible
 ) -> str:
     """The task line, the last k (observation, action) pairs, the current observation."""
     lines = [task_line(goal), *_history_lines(goal, history)]

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+from pathlib import Path
+
+from envs.sokoban.rooms import generate_rooms, task_family
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``seed games --env sokoban`` (cheap: no generator import)."""
+    """Arguments of ``seed games --env sokoban``."""
     parser.add_argument("--out", required=True, help="output folder (<out>/<split>/<family>/)")
     parser.add_argument("--split", required=True, help="train, seen or unseen")
     parser.add_argument("--n", type=int, required=True, help="number of rooms")
@@ -28,23 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate the rooms; user errors become CommandError (exit code 2)."""
-    from envs.sokoban.rooms import RoomGenerationError, generate_rooms, task_family
-    from megatron_seed.errors import CommandError, output_dir
-
+    """Generate the rooms; bad input raises `RoomGenerationError` (a ValueError)."""
     start = time.perf_counter()
-    try:
-        out = output_dir(args.out)
-        paths = generate_rooms(
-            out,
-            args.split,
-            args.n,
-            args.seed,
-            num_steps=args.num_steps,
-            p_change_directions=args.p_change_directions,
-        )
-    except RoomGenerationError as err:
-        raise CommandError(str(err)) from err
+    out = Path(args.out)
+    paths = generate_rooms(
+        out,
+        args.split,
+        args.n,
+        args.seed,
+        num_steps=args.num_steps,
+        p_change_directions=args.p_change_directions,
+    )
     counts = collections.Counter(task_family(p) for p in paths)
     seconds = time.perf_counter() - start
     print(f"wrote {len(paths)} {args.split} rooms to {out / args.split} in {seconds:.1f}s")

@@ -1,4 +1,4 @@
-"""``SokobanEnv``: one text Sokoban episode on a task file (``envs.base.Env``).
+"""``SokobanEnv``: one text Sokoban episode on a task file (``envs.api.Env``).
 
 Rules and reward shaping are gym-sokoban 0.0.6's (``gym_sokoban/envs/sokoban_env.py``):
 - the text actions ``up``/``down``/``left``/``right`` are its push actions 1-4 (verl-agent's
@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from envs.base import sanitize_action
+from envs.api import sanitize_action
 from envs.sokoban.grid import MOVES, Room, State, boxes_on_target, render, solved, step
 from envs.sokoban.rooms import load_task
 

@@ -18,20 +18,19 @@ analyzer would: JSON ``{"summary": ..., "skill": ...}`` (10-80 words).
   from the start.
 
 Deterministic. A record whose task file cannot be read, or whose replay disagrees with the
-record's outcome, gets ``Generation(error=...)``.
+record's outcome, raises (the analyzer reports it as a failed generation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from envs.oracle import OracleAnalyzer
+from envs.api import EpisodeFacts, Oracle
 from envs.sokoban.env import normalize_move
 from envs.sokoban.expert import PUSH_RULE
 from envs.sokoban.grid import DELTAS, Pos, Room, State, cell_name, corner_deadlock, solved, step
 from envs.sokoban.rooms import load_task
 from envs.sokoban.solver import solve
-from megatron_seed.data.records import TrajectoryRecord
 
 MAX_SKILL_WORDS = 80
 _STAND = {"left": "right of", "right": "left of", "up": "below", "down": "above"}
@@ -52,7 +51,7 @@ class Move:
     togo_after: int | None
 
 
-def replay(record: TrajectoryRecord, room: Room, start: State) -> list[Move]:
+def replay(record: EpisodeFacts, room: Room, start: State) -> list[Move]:
     """The record's executed actions through the environment's rules."""
     state, out = start, []
     first = solve(room, state)
@@ -178,7 +177,7 @@ def _pushes_of(room: Room, start: State, plan: list[str]) -> list[str]:
     return pushes
 
 
-def analyze_record(record: TrajectoryRecord) -> dict[str, str]:
+def analyze_record(record: EpisodeFacts) -> dict[str, str]:
     """The oracle's answer for one trajectory: {"summary": ..., "skill": ...}."""
     task = load_task(record.game)
     moves = replay(record, task.room, task.start)
@@ -201,14 +200,9 @@ def analyze_record(record: TrajectoryRecord) -> dict[str, str]:
         skill = failure_skill(moves, task.room, task.start)
         summary = (
             f"The agent failed after {n} steps ({wasted} wasted moves; the optimal plan has "
-            f"{optimal}); status {record.status.value}."
+            f"{optimal}); status {record.status}."
         )
     return {"summary": summary, "skill": skill}
 
 
-class EmbeddedAnalyzer(OracleAnalyzer):
-    """``generate_fn`` answering every request with `analyze_record` as JSON text (the grid
-    symbols, such as ``√``, unescaped)."""
-
-    def __init__(self) -> None:
-        super().__init__(analyze_record, "sokoban oracle", ensure_ascii=False)
+ORACLE = Oracle(analyze_record, "sokoban oracle", ensure_ascii=False)  # the grid's "√" as it is

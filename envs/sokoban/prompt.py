@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from envs.api import Admissible, History, Prompts, choose_style
 from envs.sokoban.grid import MOVES
-from envs.spec import Prompts, choose_style
 
 TASK_MARKER = "Your goal is to"
 
@@ -88,11 +88,7 @@ def render_step(step: int, observation: str, admissible: Sequence[str] | None) -
 
 
 def render_window(
-    goal: str,
-    history: Sequence[tuple[str, str]],
-    observation: str,
-    step: int,
-    admissible: Sequence[str] | None,
+    goal: str, history: History, observation: str, step: int, admissible: Admissible
 ) -> str:
     """verl-agent's ``SOKOBAN_TEMPLATE``: the last k (observation, action) pairs, numbered
     ``step - len(history) + 1 .. step``, then the current grid."""
@@ -144,11 +140,7 @@ def render_step_compact(step: int, observation: str, admissible: Sequence[str] |
 
 
 def render_window_compact(
-    goal: str,
-    history: Sequence[tuple[str, str]],
-    observation: str,
-    step: int,
-    admissible: Sequence[str] | None,
+    goal: str, history: History, observation: str, step: int, admissible: Admissible
 ) -> str:
     """The task line, the last k (grid, action) pairs, the current grid."""
     pairs = "".join(f"{compact_grid(o)}\n> {a}\n" for o, a in history)

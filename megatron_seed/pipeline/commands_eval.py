@@ -30,7 +30,6 @@ the same as JSON, with every episode's outcome.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import random
 import time
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.spec import DEFAULT_ENV, EnvSpecError, get_env
 from megatron_seed.errors import CommandError
 
 SCRIPTED = ("expert", "random")
@@ -46,7 +46,7 @@ SCRIPTED = ("expert", "random")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("--env", default="alfworld", help="environment (envs.spec names)")
+    parser.add_argument("--env", default=DEFAULT_ENV, help="environment (envs.spec names)")
     parser.add_argument("--games", required=True, help="task folder (as `seed games` writes)")
     parser.add_argument("--split", default=None, help="one split of the folder (default: all)")
     parser.add_argument(
@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-steps",
         type=int,
         default=None,
-        help="episode budget (default: the config's rollout.max_steps, 30; the default "
-        "job's: ALFWorld 15, search 4 as Search-R1, Sokoban 15)",
+        help="episode budget (default: the config's rollout.max_steps: the environment's, "
+        "ALFWorld 30, search 4, Sokoban 15, unless the recipe or --config-json set it)",
     )
     parser.add_argument("--recipe", default=None, help="a recipe from megatron_seed/recipes.py")
     parser.add_argument("--config-json", default=None, help="config changes (JSON text or file)")
@@ -115,8 +115,8 @@ def play_scripted(
 def scripted_policy(spec: Any, name: str, seed: int) -> Callable[..., str]:
     """The ``expert`` or ``random`` policy of ``spec`` as ``choose(task, step, goal, obs,
     admissible) -> reply``."""
-    players = importlib.import_module(spec.demos) if spec.demos else None
-    if players is None or not hasattr(players, "reply_text"):
+    players = spec.demos
+    if players is None:
         raise CommandError(f"environment {spec.name!r} has no scripted players (EnvSpec.demos)")
     if name == "random":
         rng = random.Random(seed)
@@ -189,7 +189,6 @@ def _model_episodes(args: argparse.Namespace, cfg: Any, tasks: list[str]) -> lis
     )
     skills = None
     if args.skill_library:
-        from envs.spec import get_env
         from megatron_seed.skills.library import LibraryError, load_library
 
         try:
@@ -227,8 +226,6 @@ def table(summary: dict, columns: tuple[tuple[str, str], ...]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Play the policy, print the table, write ``--out``."""
-    from envs.spec import EnvSpecError, get_env
-
     if args.episodes < 1:
         raise CommandError(f"--episodes must be at least 1, got {args.episodes}")
     try:

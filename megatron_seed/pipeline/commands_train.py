@@ -12,8 +12,9 @@ static-skills) on top of the recipe; a method with fixed skills reads them from
 annotations) or, for opsd-paper, from the environment's expert plans. `--replay-data` gives
 analyzer replay (seed-replay, or algo.replay_weight > 0) its Stage-1 annotations.
 
-Config: defaults <- recipe <- --config-json <- flags; every value is range-checked before
-anything starts (a bad one is a one-line error, exit code 2).
+Config: the environment's rollout budgets <- recipe <- method <- --config-json <- flags
+(`build_config`); every value is range-checked before anything starts (a bad one is a
+one-line error, exit code 2).
 
 Paths may also come from SEED_MODEL_DIR / SEED_GAMES_DIR / SEED_OUT_DIR (launched jobs).
 Under torchrun every rank runs the loop itself; otherwise this command spawns T x P x D
@@ -27,6 +28,7 @@ import json
 import os
 from pathlib import Path
 
+from envs.spec import EnvSpecError, get_env
 from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.methods import METHODS, get_method
 
@@ -69,19 +71,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace):
-    """Defaults <- recipe <- --config-json <- flags."""
+    """Environment budgets <- recipe <- method <- --config-json <- flags (the environment
+    is the one these name, `envs.spec.DEFAULT_ENV` when none does)."""
+    from megatron_seed import recipes
     from megatron_seed.config import SeedConfig
 
     cfg = SeedConfig()
     if args.recipe:
-        from megatron_seed import recipes
-
         try:
             cfg = recipes.get(args.recipe).config
         except KeyError as err:
             raise CommandError(str(err).strip("'\"")) from None
     if args.method:
         cfg = get_method(args.method).config(cfg)
+    changes = []
     if args.config_json:
         text = (
             Path(args.config_json).read_text()
@@ -89,8 +92,8 @@ def build_config(args: argparse.Namespace):
             else args.config_json
         )
         try:
-            cfg = cfg.with_changes(json.loads(text))
-        except (ValueError, TypeError) as err:
+            changes.append(("bad --config-json", json.loads(text)))
+        except ValueError as err:
             raise CommandError(f"bad --config-json: {err}") from None
     flags = {
         "updates": args.updates,
@@ -99,10 +102,22 @@ def build_config(args: argparse.Namespace):
         "env": {"name": args.env, "workers": args.env_workers},
         "algo": {"use_opd": False if args.grpo else None},
     }
+    changes.append(("bad flag value", _given(flags)))
     try:
-        return cfg.with_changes(_given(flags))
-    except ValueError as err:
-        raise CommandError(f"bad flag value: {err}") from None
+        env = get_env(_changed(cfg, changes).env.name)
+    except EnvSpecError as err:
+        raise CommandError(str(err)) from None
+    return _changed(recipes.on_env(cfg, env.rollout), changes)
+
+
+def _changed(cfg, changes: list[tuple[str, dict]]):
+    """``cfg`` with each (error prefix, changes) applied in order."""
+    for what, change in changes:
+        try:
+            cfg = cfg.with_changes(change)
+        except (ValueError, TypeError) as err:
+            raise CommandError(f"{what}: {err}") from None
+    return cfg
 
 
 def _given(changes: dict) -> dict:
@@ -120,7 +135,6 @@ def _given(changes: dict) -> dict:
 
 def build_job(args: argparse.Namespace):
     """Validate paths and assemble the Stage2Job (fail loud before any compute)."""
-    from envs.spec import EnvSpecError, get_env
     from megatron_seed.models.checks import validate_hf_dir
     from megatron_seed.pipeline.stage2 import Stage2Job
 

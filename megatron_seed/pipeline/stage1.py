@@ -157,11 +157,10 @@ def annotate_oracle(
     """Skills from the environment's oracle analyzer (offline), validated by the fleet's own
     rules."""
     from envs.spec import get_env
+    from megatron_seed.skills.oracle import oracle_analyzer
     from megatron_seed.skills.parse import analysis_metrics, analyze_with_retries, apply_results
 
-    env = get_env(cfg.env.name)
-    if env.oracle_analyzer is None:
-        raise ValueError(f"environment {env.name!r} has no oracle analyzer")
+    analyzer = oracle_analyzer(get_env(cfg.env.name))
     usable = [r for r in records if r.trainable]
-    results = analyze_with_retries(env.oracle_analyzer(), usable, cfg.skill)
+    results = analyze_with_retries(analyzer, usable, cfg.skill)
     return apply_results(usable, results), analysis_metrics(results)

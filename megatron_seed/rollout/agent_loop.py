@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from envs.spec import EnvSpec
+from envs.api import EnvSpec, user_message
 from megatron_seed.config import RolloutConfig
 from megatron_seed.data import Status, TrajectoryRecord, Turn
 from megatron_seed.data.sequences import ChatBuilder, insert_skill
@@ -128,15 +128,12 @@ class AgentLoop:
 
     # ------------------------------------------------------------ user messages
 
-    def _first_user(self, ep: _Live) -> str:
-        return self.prompts.first(ep.goal, ep.observation, ep.admissible)
-
-    def _next_user(self, ep: _Live) -> str:
-        step = len(ep.turns)
-        if self.cfg.history_mode == "window":
-            history = ep.history[-self.cfg.history_window :] if self.cfg.history_window else []
-            return self.prompts.window(ep.goal, history, ep.observation, step, ep.admissible)
-        return self.prompts.step(step, ep.observation, ep.admissible)
+    def _user(self, ep: _Live) -> str:
+        cfg = self.cfg
+        return user_message(
+            self.prompts, ep.goal, ep.history, ep.observation, ep.admissible,
+            cfg.history_mode, cfg.history_window,
+        )  # fmt: skip
 
     def _prompt_ids(self, ep: _Live) -> list[int]:
         """The ids the engine continues for this episode's next action.
@@ -147,13 +144,13 @@ class AgentLoop:
         """
         system = self.prompts.system_prompt
         if self.cfg.history_mode == "window" or not ep.turns:
-            text = self._first_user(ep) if not ep.turns else self._next_user(ep)
+            text = self._user(ep)
             if ep.task.skill:
                 text = insert_skill(text, ep.task.skill, "task_line", self.env.task_marker)
             ep.chat = ChatBuilder(self.tokenizer, system)
             ep.pending_user = text
             return ep.chat.prompt_ids(text)
-        ep.pending_user = self._next_user(ep)
+        ep.pending_user = self._user(ep)
         assert ep.chat is not None
         return ep.chat.append_user(ep.pending_user)
 

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from envs.spec import EnvSpec, get_env
+from envs.api import EnvSpec
+from envs.spec import get_env
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TrajectoryRecord, check_chat_template
 from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task, make_tasks

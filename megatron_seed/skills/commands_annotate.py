@@ -23,6 +23,7 @@ from typing import Any
 from megatron_seed.config import SkillConfig
 from megatron_seed.data.records import TrajectoryRecord, read_jsonl, write_jsonl
 from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.skills.oracle import oracle_analyzer
 from megatron_seed.skills.prompt import LAYOUTS
 
 
@@ -79,9 +80,10 @@ def _oracle(records: list[TrajectoryRecord]) -> Any:
         env = get_env(names[0])
     except EnvSpecError as err:
         raise CommandError(str(err)) from None
-    if env.oracle_analyzer is None:
-        raise CommandError(f"environment {env.name!r} has no oracle analyzer")
-    return env.oracle_analyzer()
+    try:
+        return oracle_analyzer(env)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
 
 
 def _analyzer(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from megatron_seed.data.records import TrajectoryRecord
 
 if TYPE_CHECKING:
-    from envs.spec import EnvSpec
+    from envs.api import EnvSpec
     from megatron_seed.config import SeedConfig
 
 GENERAL = "general.md"

@@ -28,7 +28,9 @@ import hashlib
 import json
 from typing import Literal
 
-from megatron_seed.data.records import Status, TrajectoryRecord, Turn
+from envs.api import action_of, one_line, step_feedback, task_of
+from envs.spec import get_env
+from megatron_seed.data.records import Status, TrajectoryRecord
 
 AnalyzerLayout = Literal["record", "continuation"]
 LAYOUTS: tuple[AnalyzerLayout, ...] = ("record", "continuation")
@@ -62,44 +64,12 @@ _RULES = (
 )
 
 
-def one_line(text: str) -> str:
-    """Whitespace collapsed to single spaces."""
-    return " ".join(text.split())
-
-
 def role(record: TrajectoryRecord) -> str:
     """The analyzer's role line, naming the record's environment."""
     description = DEFAULT_DESCRIPTION
     if record.env:
-        from envs.spec import get_env
-
         description = get_env(record.env).description or DEFAULT_DESCRIPTION
     return _ROLE.format(environment=description)
-
-
-def task_of(record: TrajectoryRecord) -> str:
-    """The task instruction, as the environment stated it (no trailing period)."""
-    return one_line(record.goal).rstrip(".")
-
-
-def action_of(turn: Turn) -> tuple[str | None, bool]:
-    """The executed action of a turn, or (None, False) when its reply held none."""
-    if not turn.valid or not turn.executed:
-        return None, False
-    return turn.executed, True
-
-
-def step_feedback(record: TrajectoryRecord) -> list[str | None]:
-    """The environment's answer to each action (None where the record does not hold it).
-
-    The answer to action t is the observation before turn t+1; the last action's answer is
-    the record's `final_observation`.
-    """
-    feedback: list[str | None] = [one_line(t.observation) for t in record.turns[1:]]
-    if record.turns:
-        final = record.final_observation
-        feedback.append(one_line(final) if final else None)
-    return feedback
 
 
 def outcome_text(record: TrajectoryRecord) -> str:

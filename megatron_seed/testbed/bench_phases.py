@@ -28,6 +28,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from megatron_seed.testbed import ENV
+
 _OVERLAP = {"rollout": {"overlap": True}}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {  # name: (method, config changes)
     "grpo/sync": ("grpo", {}),
@@ -76,8 +78,8 @@ def run_phases(
     )
     from megatron_seed.testbed.profiles import profile
 
-    size = profile("alfworld").size(True)
-    games = _games(work / "games", size, seed, "alfworld")
+    size = profile(ENV).size(True)
+    games = _games(work / "games", size, seed, ENV)
     base = build_base_policy(
         work / "base", quick=True, seed=seed, games_dir=work / "games", measure=False
     )

@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from envs.spec import DEFAULT_ENV
 from megatron_seed.errors import output_dir
 from megatron_seed.methods import METHODS
 from megatron_seed.testbed.profiles import PROFILES
@@ -36,7 +37,7 @@ from megatron_seed.testbed.stats import paired_difference, t_interval, wilson
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--env", choices=sorted(PROFILES), default="alfworld")
+    parser.add_argument("--env", choices=sorted(PROFILES), default=DEFAULT_ENV)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
         "--methods",
@@ -75,7 +76,7 @@ def cell(rates: list[float], episodes: list[int]) -> str:
     return f"{100 * mean:.1f} ± {100 * half:.1f} ({n})"
 
 
-def compare_table(results: dict[str, list[dict]], split: str, env: str = "alfworld") -> str:
+def compare_table(results: dict[str, list[dict]], split: str, env: str = DEFAULT_ENV) -> str:
     """Success (%) per family and on average: mean over seeds, 95 % interval, episodes."""
     columns = family_columns(env)
     head = "| Method | " + " | ".join(c for _, c in columns) + " | Avg |"
@@ -196,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     """Run every (method, seed) job (or `--merge` earlier ones), then write the side-by-side
     table."""
     out = output_dir(
-        args.out or ("runs/compare" + ("" if args.env == "alfworld" else f"-{args.env}"))
+        args.out or ("runs/compare" + ("" if args.env == DEFAULT_ENV else f"-{args.env}"))
     )
     if args.merge:
         merged = merge_summaries([Path(p) for p in args.merge])

@@ -14,13 +14,14 @@ import argparse
 
 from megatron_seed.errors import output_dir
 from megatron_seed.methods import METHODS
+from megatron_seed.testbed import ENV
 from megatron_seed.testbed.profiles import PROFILES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     parser.add_argument("--quick", action="store_true", help="a smaller run (about 5 minutes)")
-    parser.add_argument("--env", choices=sorted(PROFILES), default="alfworld")
+    parser.add_argument("--env", choices=sorted(PROFILES), default=ENV)
     parser.add_argument(
         "--out",
         default=None,

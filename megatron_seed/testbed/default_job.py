@@ -26,8 +26,8 @@ the library's skill for Skill-Prompt*).
 
 `job_config` is the job's recipe (`megatron_seed.recipes`: `default`, `default-quick`; it
 states only what differs from the paper's defaults, and why) for one method, seed and
-environment. The environment (`--env`: alfworld, search, sokoban) brings its sizes and
-rollout limits from `testbed.profiles`. ALFWorld's sizes: FULL (all six families, 16 training
+environment. The environment (`--env`: alfworld, search, sokoban) brings its rollout budgets
+(under the recipe) and, from `testbed.profiles`, its sizes and the tiny policy's limits. ALFWorld's sizes: FULL (all six families, 16 training
 games, a base cloned on 200 games) and QUICK (Pick only, 6 training games, a base cloned on
 those 6 games alone: too little compute for it to play unseen games).
 """
@@ -45,6 +45,7 @@ from typing import Any
 from envs.spec import get_env
 from megatron_seed.config import SeedConfig
 from megatron_seed.methods import METHODS, Method
+from megatron_seed.testbed import ENV
 from megatron_seed.testbed.profiles import ALFWORLD, JobSize, profile
 
 FULL = ALFWORLD.full  # ALFWorld's sizes (`testbed.profiles` has every environment's)
@@ -63,15 +64,16 @@ def job_config(
     size: JobSize,
     algo: str = "seed",
     seed: int = 0,
-    env: str = "alfworld",
+    env: str = ENV,
     updates: int | None = None,
 ) -> SeedConfig:
-    """The default job's config: its recipe (`megatron_seed.recipes`) for this method, seed
-    and environment (the environment's `testbed.profiles` rollout settings on top);
-    ``updates``: Stage-2 updates instead of the recipe's."""
+    """The default job's config: its recipe (`megatron_seed.recipes`) over the
+    environment's rollout budgets, for this method and seed (the environment's
+    `testbed.profiles` rollout settings on top); ``updates``: Stage-2 updates instead of the
+    recipe's."""
     from megatron_seed import recipes
 
-    cfg = recipes.get(size.recipe).config
+    cfg = recipes.on_env(recipes.get(size.recipe).config, get_env(env).rollout)
     if updates is not None:
         cfg = cfg.with_changes({"updates": updates})
     method = method_of(algo)
@@ -158,7 +160,7 @@ def run_default_job(
     algo: str = "seed",
     base_dir: str | Path | None = None,
     games_dir: str | Path | None = None,
-    env: str = "alfworld",
+    env: str = ENV,
     library_dir: str | Path | None = None,
     user_library: str | Path | None = None,
     updates: int | None = None,

@@ -8,16 +8,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envs.spec import get_env
+from envs.spec import DEFAULT_ENV, get_env
 from megatron_seed.testbed.profiles import profile
 
 
-def family_columns(env: str = "alfworld") -> tuple[tuple[str, str], ...]:
+def family_columns(env: str = DEFAULT_ENV) -> tuple[tuple[str, str], ...]:
     """(family, label) columns of the environment's report (ALFWorld: the paper's Table 1)."""
     return get_env(env).report_columns
 
 
-def table(rows: dict[str, dict[str, Any]], split: str, env: str = "alfworld") -> str:
+def table(rows: dict[str, dict[str, Any]], split: str, env: str = DEFAULT_ENV) -> str:
     """Markdown table: one row per method, success (%) per family and the average."""
     columns = family_columns(env)
     head = "| Method | " + " | ".join(c for _, c in columns) + " | Avg | Len |"
@@ -70,7 +70,7 @@ def plot_curves(metrics_path: Path, out_png: Path) -> Path | None:
 
 
 def write_report(
-    out_dir: Path, evaluations: dict[str, dict], facts: dict[str, Any], env: str = "alfworld"
+    out_dir: Path, evaluations: dict[str, dict], facts: dict[str, Any], env: str = DEFAULT_ENV
 ) -> Path:
     """OUT/report.md (+ curves.png) from the evaluations and the run's facts."""
     out_dir = Path(out_dir)

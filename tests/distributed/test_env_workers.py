@@ -16,7 +16,7 @@ pytest.importorskip("alfworld")
 
 from envs.alfworld.env import expert_plan  # noqa: E402
 from envs.alfworld.games import generate_games  # noqa: E402
-from envs.base import EpisodeStatus  # noqa: E402
+from envs.api import EpisodeStatus  # noqa: E402
 from envs.workers import EnvPool  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.spec import EnvSpec, Prompts
+from envs.api import EnvSpec, Prompts
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "tests.e2e.test_toy_env:toy"  # how other processes find this environment
@@ -28,7 +28,7 @@ GUESSES = [str(n) for n in range(1, 6)]
 
 
 class GuessEnv:
-    """One episode at a time (`envs.base.Env`)."""
+    """One episode at a time (`envs.api.Env`)."""
 
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max_steps

@@ -3,6 +3,7 @@ unknown keys rejected, recipes that differ from the defaults only where they say
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -127,6 +128,41 @@ def test_recipes_resolve_for_train_and_run() -> None:
     assert job_config(QUICK, "grpo", seed=3) == quick.with_changes(
         {"algo": {"use_opd": False}, "seed": 3}
     )
+
+
+def _train_config(*argv: str) -> SeedConfig:
+    """The config `seed train ARGV` would run with (nothing is started)."""
+    from megatron_seed.pipeline import commands_train
+
+    parser = argparse.ArgumentParser()
+    commands_train.add_arguments(parser)
+    return commands_train.build_config(parser.parse_args(list(argv)))
+
+
+def test_each_environment_brings_its_budgets_under_the_recipe_and_the_user() -> None:
+    search = _train_config("--env", "search")
+    assert (search.env.name, search.rollout.max_steps, search.rollout.max_response_tokens) == (
+        "search",
+        4,
+        500,
+    )
+    alfworld = _train_config()  # the default environment
+    assert (alfworld.env.name, alfworld.rollout.max_steps) == ("alfworld", 30)
+    # an environment named in --config-json brings its budgets too
+    assert _train_config("--config-json", '{"env": {"name": "sokoban"}}').rollout.max_steps == 15
+    # a recipe's budget stays (tiny: 4 steps on any environment); the user's wins over both
+    assert _train_config("--recipe", "tiny", "--env", "alfworld").rollout.max_steps == 4
+    user = '{"rollout": {"max_steps": 30, "history_window": 1}}'
+    explicit = _train_config("--env", "search", "--config-json", user).rollout
+    assert (explicit.max_steps, explicit.history_window, explicit.max_response_tokens) == (
+        30,
+        1,
+        500,
+    )
+    from megatron_seed.pipeline.commands_eval import eval_config
+
+    args = argparse.Namespace(recipe=None, config_json=None, max_steps=None)
+    assert eval_config(args, "search").rollout.max_steps == 4  # `seed eval` plays the same
 
 
 def test_one_step_off_refuses_colocated_engines():

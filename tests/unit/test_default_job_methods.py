@@ -60,8 +60,10 @@ def test_each_environment_brings_its_sizes_and_limits():
     search = job_config(profile("search").quick, "grpo", seed=2, env="search")
     assert search.env.name == "search" and search.rollout.max_steps == 4
     assert search.rollout.max_response_tokens == 32 and not search.algo.use_opd
+    assert search.rollout.history_window == 4  # the environment's own (verl-agent's)
     assert search.with_changes({"env": {"name": "alfworld"}, "rollout": {
-        "max_steps": 15, "max_response_tokens": 24}}) == job_config(QUICK, "grpo", seed=2)  # fmt: skip
+        "max_steps": 15, "max_response_tokens": 24, "history_window": 2}}
+    ) == job_config(QUICK, "grpo", seed=2)  # fmt: skip
     assert job_config(profile("sokoban").quick, env="sokoban").rollout.max_steps == 15
     quick = BasePolicySettings.for_run(quick=True, seed=4)
     assert (quick.env, quick.n_train_games, quick.families, quick.train_steps) == (

@@ -322,7 +322,7 @@ def test_parse_action_caps_length_and_penalty() -> None:
 
 
 def test_batched_env_and_protocol(all_games: dict[str, list[Path]]) -> None:
-    from envs.base import BatchedEnv, Env, EpisodeStatus, sanitize_action
+    from envs.api import BatchedEnv, Env, EpisodeStatus, sanitize_action
 
     assert isinstance(AlfWorldEnv(), Env)
     assert sanitize_action("go\tto\x00 desk\u200b 1\n", max_chars=8) == "go to de"

@@ -32,6 +32,7 @@ from envs.search.retriever import (
 from envs.search.tasks import SPLITS, TaskError, generate_tasks, list_tasks, load_task
 from megatron_seed.data.records import Status, TrajectoryRecord, Turn
 from megatron_seed.data.sequences import insert_skill
+from megatron_seed.skills.oracle import oracle_analyzer
 from megatron_seed.skills.parse import AnalysisRequest, ValidationRules, parse_reply
 
 REPO = Path(__file__).resolve().parents[2]
@@ -525,7 +526,7 @@ def _record(task: str, actions: list[str], max_steps: int = 4) -> TrajectoryReco
 
 def _skill(record: TrajectoryRecord) -> str:
     request = AnalysisRequest(0, "t", record, "record", [], [])  # type: ignore[arg-type]
-    (gen,) = spec().oracle_analyzer()([request])
+    (gen,) = oracle_analyzer(spec())([request])
     parsed = parse_reply(gen.text, ValidationRules(), prompt_text=record.turns[0].user)
     assert parsed.valid, (gen.text, parsed.error)
     assert 10 <= len(parsed.skill.split()) <= 80, parsed.skill
@@ -563,7 +564,7 @@ def test_oracle_success_and_failures(tiny_root: Path) -> None:
     )
     bad = AnalysisRequest(0, "t", _record(task, plan), "record", [], [])  # type: ignore[arg-type]
     bad.record.game = str(tiny_root / "missing.json")
-    assert spec().oracle_analyzer()([bad])[0].error.startswith("search oracle failed")
+    assert oracle_analyzer(spec())([bad])[0].error.startswith("search oracle failed")
 
 
 def test_oracle_on_generated_demos(root: Path) -> None:

@@ -28,7 +28,7 @@ from envs.sokoban.expert import (
     reply_text,
 )
 from envs.sokoban.grid import MOVES, from_codes, solved, to_codes
-from envs.sokoban.oracle import EmbeddedAnalyzer, analyze_record
+from envs.sokoban.oracle import ORACLE, analyze_record
 from envs.sokoban.prompt import TASK_MARKER, compact_grid, parse_action, prompt_style
 from envs.sokoban.rooms import (
     FAMILIES,
@@ -45,6 +45,7 @@ from envs.sokoban.rooms import (
 )
 from envs.sokoban.solver import solve
 from megatron_seed.data.records import Status, TrajectoryRecord, Turn
+from megatron_seed.skills.oracle import OracleAnalyzer
 from megatron_seed.skills.parse import ValidationRules, parse_reply
 
 REPO = Path(__file__).resolve().parents[2]
@@ -587,7 +588,7 @@ def _record(game: Path, replies: list[str], max_steps: int = 15) -> TrajectoryRe
 
 
 def _valid_skill(record: TrajectoryRecord) -> str:
-    (gen,) = EmbeddedAnalyzer()([_request(record)])
+    (gen,) = OracleAnalyzer(ORACLE)([_request(record)])
     assert gen.error is None, gen.error
     parsed = parse_reply(gen.text, ValidationRules(), record.turns[0].user)
     assert parsed.valid, parsed.error
@@ -654,7 +655,7 @@ def test_oracle_success_and_failures(tmp_path: Path) -> None:
     # a record the oracle cannot read, or one that disagrees with its task file
     bad = TrajectoryRecord(**{**lost.__dict__, "game": str(tmp_path / "missing.json")})
     wrong = TrajectoryRecord(**{**lost.__dict__, "won": True})
-    out = EmbeddedAnalyzer()([_request(bad), _request(wrong)])
+    out = OracleAnalyzer(ORACLE)([_request(bad), _request(wrong)])
     assert out[0].error and "missing.json" in out[0].error
     assert out[1].error and "won=True" in out[1].error
 

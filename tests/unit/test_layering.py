@@ -1,4 +1,5 @@
-"""Dependencies point one way: the library never imports the CPU test bed, and nothing
+"""Dependencies point one way: the library never imports the CPU test bed, environments never
+import the library (their shared API module imports nothing of the project), and nothing
 outside `envs/alfworld/` imports ALFWorld code or knows its task marker."""
 
 from __future__ import annotations
@@ -116,3 +117,45 @@ def test_stage2_phases_never_test_the_rank() -> None:
     assert offenders == {}
     # and the checker finds one
     assert _rank_tests("def phase(run):\n    if rank() == 0:\n        pass\n") == ["phase"]
+
+
+PROJECT = ("megatron_seed", "envs", "launch", "tools", "tests")
+
+
+def _imports(source: str) -> set[str]:
+    """Every module a source imports (at any depth: function-level imports included)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def _offenders(files: list[Path], banned: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{p.relative_to(REPO) if p.is_relative_to(REPO) else p.name}: {name}"
+        for p in files
+        for name in _imports(p.read_text())
+        if name.split(".")[0] in banned
+    )
+
+
+def test_environments_import_nothing_of_the_library() -> None:
+    files = sorted((REPO / "envs").rglob("*.py"))
+    assert any(p.name == "oracle.py" for p in files) and len(files) > 30
+    assert _offenders(files, ("megatron_seed", "launch", "tools", "tests")) == []
+    # the API module imports nothing of the project, not even another environment module
+    assert _offenders([REPO / "envs" / "api.py"], PROJECT) == []
+
+
+def test_the_import_checker_sees_a_library_import(tmp_path: Path) -> None:
+    """The same check fails for an environment module that imports the library, also from
+    inside a function."""
+    bad = tmp_path / "bad_env.py"
+    bad.write_text("def f():\n    from megatron_seed.skills import prompt\n")
+    assert _offenders([bad], ("megatron_seed",)) == ["bad_env.py: megatron_seed.skills"]
+    api_like = tmp_path / "api_like.py"
+    api_like.write_text("import json\nfrom envs.spec import get_env\n")
+    assert _offenders([api_like], PROJECT) == ["api_like.py: envs.spec"]

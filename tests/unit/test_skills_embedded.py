@@ -12,7 +12,7 @@ pytest.importorskip("alfworld")
 pytest.importorskip("textworld")
 
 from envs.alfworld.env import AlfWorldEnv, expert_plan, find_games, game_family
-from envs.alfworld.oracle import EmbeddedAnalyzer, analyze_record, game_facts, replay
+from envs.alfworld.oracle import ORACLE, analyze_record, game_facts, replay
 from envs.alfworld.prompt import (
     SYSTEM_PROMPT,
     render_first_observation,
@@ -21,6 +21,7 @@ from envs.alfworld.prompt import (
 )
 from megatron_seed.config import SkillConfig
 from megatron_seed.data.records import Status, TrajectoryRecord, Turn, write_jsonl
+from megatron_seed.skills.oracle import OracleAnalyzer
 from megatron_seed.skills.parse import analysis_metrics, analyze_with_retries
 
 NO_ACTION = "<no action>"  # a reply without an <action> tag
@@ -96,7 +97,7 @@ def episodes(alfworld_games: Path) -> dict[tuple[str, str], TrajectoryRecord]:
 
 def test_every_embedded_skill_passes_validation(episodes: dict) -> None:
     records = list(episodes.values())
-    results = analyze_with_retries(EmbeddedAnalyzer(), records, SkillConfig())
+    results = analyze_with_retries(OracleAnalyzer(ORACLE), records, SkillConfig())
     metrics = analysis_metrics(results)
     assert metrics["analyze/valid_rate"] == 1.0, [r.error for r in results if not r.valid]
     assert metrics["analyze/retries_mean"] == 0.0

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from megatron_seed.testbed import ENV
 from megatron_seed.testbed.base_policy.demos import collect_demos, prepare_games
 from megatron_seed.testbed.base_policy.measure import measure_base_policy
 from megatron_seed.testbed.base_policy.settings import (
@@ -105,7 +106,7 @@ def build_base_policy(
     progress: bool = True,
     measure: bool = True,
     settings: BasePolicySettings | None = None,
-    env: str = "alfworld",
+    env: str = ENV,
 ) -> Path:
     """Build (or reuse) the tiny base policy; returns its HF model folder.
 

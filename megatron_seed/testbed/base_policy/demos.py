@@ -4,13 +4,13 @@ the agent loop renders episodes, and analyzer examples with the oracle analyzer'
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envs.spec import EnvSpec, get_env
+from envs.api import EnvSpec, user_message
+from envs.spec import get_env
 from megatron_seed.data import TrajectoryRecord
 from megatron_seed.data.sequences import ChatBuilder, TokenSequence, insert_skill
 from megatron_seed.testbed.base_policy.settings import BasePolicySettings, Rendering
@@ -77,7 +77,7 @@ def _expert(env: str) -> Any:
     spec = get_env(env)
     if spec.demos is None:
         raise ValueError(f"environment {env!r} has no demonstration players")
-    return importlib.import_module(spec.demos)
+    return spec.demos
 
 
 def collect_demos(
@@ -118,14 +118,10 @@ def user_messages(demo: Any, how: Rendering, env: EnvSpec) -> list[str]:
     style = env.prompts(how.prompt_style)
     out = []
     for i, (obs, adm) in enumerate(zip(demo.observations, demo.admissible, strict=True)):
-        if i == 0:
-            text = style.first(demo.goal, obs, adm)
-        elif how.history_mode == "window":
-            pairs = list(zip(demo.observations[:i], demo.actions[:i], strict=True))
-            history = pairs[-how.history_window :] if how.history_window else []
-            text = style.window(demo.goal, history, obs, i, adm)
-        else:
-            text = style.step(i, obs, adm)
+        history = list(zip(demo.observations[:i], demo.actions[:i], strict=True))
+        text = user_message(
+            style, demo.goal, history, obs, adm, how.history_mode, how.history_window
+        )
         if demo.hint is not None and (i == 0 or how.history_mode == "window"):
             text = insert_skill(text, demo.hint, "task_line", env.task_marker)
         out.append(text)
@@ -234,11 +230,11 @@ def analysis_records(demos: Sequence[Any], settings: BasePolicySettings) -> list
     the oracle analyzer's skills: the base policy also learns to write skills, as an
     instruction-tuned LLM can before Stage 1 sharpens it."""
     from megatron_seed.config import SkillConfig
+    from megatron_seed.skills.oracle import oracle_analyzer
     from megatron_seed.skills.parse import analyze_with_retries, apply_results
 
     env = get_env(settings.env)
-    if env.oracle_analyzer is None:
-        raise ValueError(f"environment {env.name!r} has no oracle analyzer")
+    analyzer = oracle_analyzer(env)
 
     rng = random.Random(f"analysis:{settings.seed}")
     by_game: dict[str, list[Any]] = {}
@@ -253,5 +249,5 @@ def analysis_records(demos: Sequence[Any], settings: BasePolicySettings) -> list
             cut = rng.randrange(1, len(demo.actions)) if fail else None
             records.append(demo_record(demo, settings.rendering, env, cut))
     cfg = SkillConfig(analyzer_layout=settings.analyzer_layout)  # type: ignore[arg-type]
-    results = analyze_with_retries(env.oracle_analyzer(), records, cfg)
+    results = analyze_with_retries(analyzer, records, cfg)
     return [r for r in apply_results(records, results) if r.has_teacher]

@@ -19,7 +19,7 @@ def _measure_worker(
 ) -> dict[str, Any]:
     """Spawned: in-process vLLM + the real agent loop on in-process envs; success rates."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from envs.base import BatchedEnv
+    from envs.api import BatchedEnv
     from megatron_seed.config import RolloutConfig
     from megatron_seed.rollout.agent_loop import AgentLoop, Task
     from megatron_seed.rollout.engine import SamplingSpec, VLLMEngine

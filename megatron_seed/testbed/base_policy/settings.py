@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_seed.testbed import ENV
+
 MANIFEST = "manifest.json"
 MODEL_SUBDIR = "model"
 TOKENIZER_SUBDIR = "tokenizer"
@@ -19,7 +21,7 @@ class BasePolicyCacheError(RuntimeError):
 class BasePolicySettings:
     """Everything that decides the built model (the cache key)."""
 
-    env: str = "alfworld"  # an environment with demonstration players (`EnvSpec.demos`)
+    env: str = ENV  # an environment with demonstration players (`EnvSpec.demos`)
     n_train_games: int = 200
     n_eval_games: int = 0  # held-out games for ``measure`` (the default job evaluates itself)
     families: tuple[str, ...] = ()  # task families of the generated games; () = all
@@ -51,7 +53,7 @@ class BasePolicySettings:
     seed: int = 0
 
     @classmethod
-    def for_run(cls, quick: bool, seed: int, env: str = "alfworld") -> BasePolicySettings:
+    def for_run(cls, quick: bool, seed: int, env: str = ENV) -> BasePolicySettings:
         """The full default, or the ``--quick`` variant (about a minute), of ``env``'s base
         policy (its `testbed.profiles` entry says what differs from the defaults)."""
         from megatron_seed.testbed.profiles import profile

@@ -1,0 +1,66 @@
+"""The environment API: specs load and check their typed plug-ins at registration, each
+built-in environment carries its own budgets, and one renderer picks every user message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envs.api import Prompts, user_message
+from envs.spec import EnvSpecError, get_env
+
+SPEC_MODULE = """
+from envs.api import EnvSpec, Prompts
+
+class NoRun:  # a task command without run()
+    def add_arguments(self, parser): ...
+
+def _spec(**plugins):
+    style = Prompts(None, lambda g, o, a: g, lambda s, o, a: o, lambda *a: "")
+    return EnvSpec("t", dict, lambda root, split: [], str, lambda name: style,
+                   lambda text: (text, True), **plugins)
+
+def good():
+    return _spec(plan=lambda task: int(task) and ["look"])
+
+def broken():
+    return _spec(command=NoRun())
+"""
+
+
+def test_a_plug_in_is_checked_when_its_spec_loads(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "toy_spec.py").write_text(SPEC_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EnvSpecError, match=r"'toy_spec:broken': command lacks \['run'\]"):
+        get_env("toy_spec:broken")
+    spec = get_env("toy_spec:good")
+    assert spec.name == "toy_spec:good" and spec.rollout is None
+    # a task without a plan (the plan raises ValueError) has none
+    assert spec.expert_plan("1") == ["look"] and spec.expert_plan("x") is None
+    with pytest.raises(EnvSpecError, match="unknown environment 'nope'"):
+        get_env("nope")
+
+
+def test_each_environment_carries_its_budgets() -> None:
+    budgets = {n: get_env(n).rollout for n in ("alfworld", "search", "sokoban")}
+    assert {n: b.max_steps for n, b in budgets.items()} == {
+        "alfworld": 30,  # the paper's Table 5
+        "search": 4,  # Search-R1
+        "sokoban": 15,  # verl-agent
+    }
+
+
+def test_one_renderer_for_every_user_message() -> None:
+    style = Prompts(
+        None,
+        lambda goal, obs, adm: f"first {goal} {obs}",
+        lambda step, obs, adm: f"step {step} {obs}",
+        lambda goal, hist, obs, step, adm: f"window {step} {hist} {obs}",
+    )
+    history = [("o0", "a0"), ("o1", "a1"), ("o2", "a2")]
+    assert user_message(style, "g", [], "o0", None, "window", 2) == "first g o0"
+    assert user_message(style, "g", history, "o3", None, "full", 2) == "step 3 o3"
+    window = user_message(style, "g", history, "o3", None, "window", 2)
+    assert window == "window 3 [('o1', 'a1'), ('o2', 'a2')] o3"  # the last 2 pairs
+    assert user_message(style, "g", history, "o3", None, "window", 0) == "window 3 [] o3"
