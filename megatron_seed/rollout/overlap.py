@@ -176,7 +176,7 @@ class FleetStream:
 class AnalysisPlan:
     """How the episodes that end are analysed while the others play.
 
-    tokenizer: builds the analyzer prompts (`rollout.analyzer.request_ids`);
+    tokenizer: builds the analyzer prompts (`data.requests.request_ids`);
     cfg: the analysis settings; `cfg.select` picks the records to analyse
         (`rollout.analyzer.selected`): "all", each trainable one as soon as its episode
         ends; another rule, among a task's group once all of it has ended;
@@ -438,8 +438,9 @@ class _Overlap:
         self._send_analysis(i, request)
 
     def _send_analysis(self, i: int, request: Any) -> None:
-        from megatron_seed.rollout.analyzer import request_ids
-        from megatron_seed.skills.parse import Generation, absorb_reply
+        from megatron_seed.data.requests import request_ids
+        from megatron_seed.data.generation import Generation
+        from megatron_seed.skills.parse import absorb_reply
 
         assert self.analysis is not None
         ids = request_ids(self.analysis.tokenizer, request)
@@ -470,7 +471,8 @@ class _Overlap:
         self.backlog = []
 
     def _analysed(self, i: int, gen: Any, error: str | None = None) -> None:
-        from megatron_seed.skills.parse import Generation, absorb_reply
+        from megatron_seed.data.generation import Generation
+        from megatron_seed.skills.parse import absorb_reply
 
         assert self.analysis is not None
         request, prompt_tokens = self.asked.pop(i)

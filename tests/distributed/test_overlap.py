@@ -136,7 +136,7 @@ def test_every_turn_carries_the_engines_sampled_ids_and_logprobs(played):
 
 
 def test_every_skill_comes_from_its_own_episode(played):
-    from megatron_seed.rollout.analyzer import request_ids
+    from megatron_seed.data.requests import request_ids
     from megatron_seed.skills.parse import build_requests
 
     records, results, fleet, cfg = (

@@ -79,3 +79,34 @@ def test_alfworld_lives_in_its_own_package() -> None:
     # and the patterns do find what they look for
     assert ALFWORLD_IMPORT.search((REPO / "envs/alfworld/env.py").read_text())
     assert MARKER in (REPO / "envs/alfworld/prompt.py").read_text()
+
+
+def test_training_and_the_sft_sequences_never_import_the_rollout_side() -> None:
+    """The trainer and Stage 1's SFT sequences (also Stage 2's replay batch) tokenise with
+    `data/`; the same process then imports the analyzer, so the check sees a rollout import."""
+    train = [m for m in _modules("megatron_seed.testbed") if m.startswith("megatron_seed.train")]
+    assert "megatron_seed.train.trainer" in train
+    code = (
+        "import importlib, sys\n"
+        f"for name in {train!r}:\n"
+        "    importlib.import_module(name)\n"
+        "from megatron_seed.pipeline.stage1 import sft_sequence\n"
+        "from megatron_seed.testbed.synthetic import annotated_record\n"
+        "from megatron_seed.testbed.tokenizer import build_tokenizer\n"
+        "tok = build_tokenizer(['hello world'], 300)\n"
+        "record = annotated_record('g', True, 'open the drawer before taking the key')\n"
+        "for layout in ('record', 'continuation'):\n"
+        "    assert sft_sequence(tok, record, layout).input_ids\n"
+        "def rollout():\n"
+        "    return sorted(m for m in sys.modules if m.startswith('megatron_seed.rollout'))\n"
+        "print(rollout())\n"
+        "import megatron_seed.rollout.analyzer\n"
+        "print(rollout())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, after = proc.stdout.strip().splitlines()[-2:]
+    assert before == "[]", before
+    assert "megatron_seed.rollout.analyzer" in after
