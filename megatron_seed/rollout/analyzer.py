@@ -73,8 +73,8 @@ def analyze_records(
     """Fill `skill` and `analysis` of the `cfg.select`ed records in place (all trainable
     ones by default); return the analysis metrics (validity rate, retries, skill length,
     tokens, the share selected)."""
-    from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.data.generation import Generation
+    from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.skills.parse import analyze_with_retries
 
     trainable = [r for r in records if r.status.trainable and r.turns]

@@ -438,8 +438,8 @@ class _Overlap:
         self._send_analysis(i, request)
 
     def _send_analysis(self, i: int, request: Any) -> None:
-        from megatron_seed.data.requests import request_ids
         from megatron_seed.data.generation import Generation
+        from megatron_seed.data.requests import request_ids
         from megatron_seed.skills.parse import absorb_reply
 
         assert self.analysis is not None
