@@ -148,7 +148,7 @@ def collect(
         for start in range(0, len(todo), chunk_tasks):
             tasks = session.tasks([str(g) for g in todo[start : start + chunk_tasks]])
             spec = session.sampling()
-            records, _ = session.play(tasks, cfg.collect_rollouts_per_task, spec, update=0)
+            records = session.play(tasks, cfg.collect_rollouts_per_task, spec, update=0).records
             with out.open("a") as f:
                 for rec in records:
                     f.write(rec.to_json() + "\n")

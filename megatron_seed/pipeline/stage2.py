@@ -323,16 +323,15 @@ def rollout(
     tasks = session.tasks(games, skills)
     metrics: dict[str, float] = {}
     if cfg.rollout.overlap:
-        records, stats, results, timing = session.play_overlapped(
+        played = session.play_overlapped(
             tasks, cfg.rollout.group_size, session.sampling(), step, _analysis_plan(run)
         )
-        metrics.update(timing.metrics())
+        metrics.update(played.timing.metrics())
         if _analyzes(cfg):
-            metrics.update(_overlapped_analysis(records, results))
+            metrics.update(_overlapped_analysis(played.records, played.analyses))
     else:
-        records, stats = session.play(
-            tasks, cfg.rollout.group_size, session.sampling(), update=step
-        )
+        played = session.play(tasks, cfg.rollout.group_size, session.sampling(), update=step)
+    records, stats = played.records, played.stats
     if cfg.rollout.one_step_off:
         version = run.step if version is None else version
         for record in records:  # the trainer step whose weights played it
@@ -453,7 +452,7 @@ def evaluate(run: Run) -> dict[str, float]:
     session = run.side.session
     if session is None:
         return {}
-    records, _ = session.play(session.tasks(run.job.eval_games), 1, session.sampling(True), -1)
+    records = session.play(session.tasks(run.job.eval_games), 1, session.sampling(True), -1).records
     out = rollout_metrics(records, "evaluate")
     for fam in sorted({r.family for r in records}):
         rs = [r for r in records if r.family == fam]

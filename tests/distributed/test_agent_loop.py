@@ -56,7 +56,8 @@ def test_expert_engine_wins_and_records_align(pool, tasks, tiny_tokenizer):
         RolloutConfig(max_steps=12, max_prompt_tokens=100_000),
         ALFWORLD,
     )
-    records, stats = loop.run(tasks, group_size=2, spec=None)
+    played = loop.run(tasks, group_size=2, spec=None)
+    records, stats = played.records, played.stats
     assert len(records) == 12 and stats.episodes == 12
     assert all(r.won and r.reward == 1.0 and r.status is Status.OK for r in records)
     for r in records:
@@ -83,7 +84,7 @@ def test_random_engine_rarely_wins_and_hits_the_step_budget(pool, tasks, tiny_to
         RolloutConfig(max_steps=12, max_prompt_tokens=100_000),
         ALFWORLD,
     )
-    records, _ = loop.run(tasks, group_size=1, spec=None)
+    records = loop.run(tasks, group_size=1, spec=None).records
     assert sum(r.won for r in records) <= 2
     losers = [r for r in records if not r.won]
     assert losers and all(r.status is Status.MAX_STEPS and len(r.turns) == 12 for r in losers)

@@ -39,10 +39,12 @@ def model_dir(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="module")
 def fleet(model_dir):
     ray = pytest.importorskip("ray")
-    from megatron_seed.rollout.fleet import Fleet
+    from megatron_seed.rollout.engine import EngineSpec
+    from megatron_seed.rollout.fleet import Fleet, FleetSpec
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    f = Fleet(str(model_dir), 2, engine_kwargs=dict(kv_cache_bytes=64 << 20, max_model_len=1024))
+    engine = EngineSpec(kv_cache_bytes=64 << 20, max_model_len=1024)
+    f = Fleet(str(model_dir), FleetSpec(engines=2, engine=engine))
     yield f
     f.close()
     ray.shutdown()

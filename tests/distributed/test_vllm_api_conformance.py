@@ -93,7 +93,7 @@ def test_the_fleets_client_is_vllms_weight_sync_client_and_the_engines_are_compl
     from vllm.distributed.weight_transfer.base import VLLMWeightSyncClient
 
     from megatron_seed.rollout import transfer
-    from megatron_seed.rollout.fleet import _SyncClient
+    from megatron_seed.rollout.fleet.sync import _SyncClient
 
     protocol = [
         n for n, f in vars(VLLMWeightSyncClient).items() if inspect.isfunction(f) and n[0] != "_"

@@ -147,7 +147,8 @@ def test_env_pool_and_agent_loop_play_the_toy_game(world) -> None:
         pool = EnvPool(NAME, num_workers=2, max_steps=5)  # the workers look the name up
         loop = AgentLoop(GuessUp(tok), pool, tok, RolloutConfig(max_steps=5), env)
         games = [str(p) for p in env.list_tasks(tasks, "train")]
-        records, stats = loop.run(make_tasks(env, games), group_size=2, spec=None)
+        played = loop.run(make_tasks(env, games), group_size=2, spec=None)
+        records, stats = played.records, played.stats
         pool.close()
     finally:
         ray.shutdown()
