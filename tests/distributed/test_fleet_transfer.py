@@ -172,12 +172,13 @@ def test_a_failed_reload_restarts_the_engine_with_the_last_synced_weights(
 def test_a_transfer_that_needs_every_engine_fails_naming_the_stalled_one(ray_gpus, tmp_path):
     """NCCL's broadcast needs every rank: the client raises instead of dropping."""
     ray = ray_gpus
-    from megatron_seed.rollout.fleet.sync import WeightSyncError, _SyncClient
+    from megatron_seed.rollout.fleet import WeightSyncError
+    from megatron_seed.rollout.fleet.sync import _SyncClient
 
     actor = ray.remote(FakeEngineActor)
     marks = str(tmp_path / "marks")
-    engines = [actor.remote("x", {"seed": i, "fake_stall": {1: 30.0}, "fake_marks": marks}, 1)
-               for i in range(2)]  # fmt: skip
+    extra = {"fake_stall": {1: 30.0}, "fake_marks": marks}
+    engines = [actor.remote("x", EngineSpec(seed=i, extra=extra), 1) for i in range(2)]
     from megatron_seed.rollout.weight_sync import flatten_bucket
 
     ray.get([e.ready.remote() for e in engines])
@@ -199,7 +200,7 @@ def test_nccl_engines_take_consecutive_ranks_of_one_group(ray_gpus, tmp_path):
     from megatron_seed.rollout.fleet.sync import _SyncClient
 
     actor = ray.remote(FakeEngineActor)
-    engines = [actor.remote("x", {"seed": i}, 1) for i in range(3)]
+    engines = [actor.remote("x", EngineSpec(seed=i), 1) for i in range(3)]
     client = _SyncClient(engines, timeout_s=30.0, needs_all=True, ranks_per_engine=2)
     client.init_weight_transfer_engine({"rank_offset": 1, "world_size": 7, "master_port": 1})
     infos = ray.get([e.get_init_info.remote() for e in engines])
@@ -245,7 +246,8 @@ def test_a_sync_that_fails_midway_leaves_every_engine_on_the_last_synced_weights
 def test_a_stuck_transfer_raises_once_nothing_moves_for_the_timeout():
     import threading
 
-    from megatron_seed.rollout.fleet.sync import WeightSyncError, _watched
+    from megatron_seed.rollout.fleet import WeightSyncError
+    from megatron_seed.rollout.fleet.sync import _watched
 
     never = threading.Event()
     t0 = time.monotonic()

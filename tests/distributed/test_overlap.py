@@ -71,12 +71,12 @@ def plays(tiny_world):
             session.loop.cfg = dataclasses.replace(cfg.rollout, overlap_pacing=pacing)
             fleet = RecordingFleet(session.fleet)
             plan = AnalysisPlan(session.tokenizer, cfg.skill, session.analyzer_prompt_limit())
-            played = play_overlapped(
+            result = play_overlapped(
                 session.loop, FleetStream(fleet), session.tasks(games), 2, session.sampling(),
                 0, plan,
             )  # fmt: skip
-            records, stats, results = played.records, played.stats, played.analyses
-            timing = played.timing
+            records, stats, results = result.records, result.stats, result.analyses
+            timing = result.timing
             replies = [ray.get(ref) for ref in fleet.calls]  # per call
             chats = [_chat_ids(session.tokenizer, r) for r in records]
             scored = session.fleet.prompt_logprobs([ids for ids, _ in chats])
