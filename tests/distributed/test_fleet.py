@@ -192,7 +192,7 @@ def test_refit_guard_names_the_engine_with_corrupted_weights(fleet, model_dir):
     assert check_refit(reference, [p[0] for p in fleet.prompt_logprobs_per_engine([probe])], 1e-3)
     name = "model.layers.0.mlp.down_proj.weight"
     weight = dict(full)[name]
-    ray.get(fleet._engines[1].load_bucket.remote(flatten_bucket([(name, weight * -3.0)])))
+    ray.get(fleet.actors[1].load_bucket.remote(flatten_bucket([(name, weight * -3.0)])))
     with pytest.raises(RefitError, match=r"engine 1 disagrees with the trainer"):
         check_refit(reference, [p[0] for p in fleet.prompt_logprobs_per_engine([probe])], 1e-3)
     fleet.update_weights(iter(full))
