@@ -1,6 +1,6 @@
 """The project's weight-transfer classes against the installed vLLM's own base classes, used
 the way vLLM's own senders use them, so a vLLM whose interface moved fails here and not in
-the first GPU job (`rollout/transfer.py`, `rollout/fleet.py`, `rollout/worker_extension.py`).
+the first GPU job (`rollout/transfer.py`, `rollout/fleet/`, `rollout/worker_extension.py`).
 
 vLLM's NCCL sender asks the source for `metadata()`, checks every yielded tensor against it
 (`_checked_iter`) and, on non-sender ranks, drains the stream; its IPC sender iterates the

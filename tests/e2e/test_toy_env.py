@@ -106,14 +106,14 @@ class GuessUp:
         self.tok = tokenizer
 
     def generate(self, prompts, spec):
-        from megatron_seed.testbed.scripted import ScriptedGeneration
+        from megatron_seed.data.generation import Generation
 
         out = []
         for ids in prompts:
             n = self.tok.decode(ids).count("<|im_start|>assistant")  # the step, 1-based
             text = f"<guess>{n}</guess>" if n != 2 else "no idea"  # step 2: an invalid reply
             ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]
-            out.append(ScriptedGeneration(ids, [-0.5] * len(ids), text))
+            out.append(Generation(ids, [-0.5] * len(ids), text, "stop"))
         return out
 
 

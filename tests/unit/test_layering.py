@@ -23,19 +23,25 @@ def _modules(exclude: str) -> list[str]:
     return names
 
 
+def _python_importing(modules: list[str], code: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter that imports `modules`, then runs `code`."""
+    code = (
+        f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+        + code
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+
+
 def test_the_library_never_imports_the_test_bed() -> None:
     modules = _modules("megatron_seed.testbed")
     assert "megatron_seed.pipeline.stage2" in modules and len(modules) > 50
-    code = (
-        "import importlib, sys\n"
-        f"for name in {modules!r}:\n"
-        "    importlib.import_module(name)\n"
+    proc = _python_importing(
+        modules,
         "bad = sorted(m for m in sys.modules if m.startswith('megatron_seed.testbed'))\n"
         "print(len(sys.modules), bad)\n"
-        "sys.exit(1 if bad else 0)\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+        "sys.exit(1 if bad else 0)\n",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
 
@@ -87,9 +93,6 @@ def test_training_and_the_sft_sequences_never_import_the_rollout_side() -> None:
     train = [m for m in _modules("megatron_seed.testbed") if m.startswith("megatron_seed.train")]
     assert "megatron_seed.train.trainer" in train
     code = (
-        "import importlib, sys\n"
-        f"for name in {train!r}:\n"
-        "    importlib.import_module(name)\n"
         "from megatron_seed.pipeline.stage1 import sft_sequence\n"
         "from megatron_seed.testbed.synthetic import annotated_record\n"
         "from megatron_seed.testbed.tokenizer import build_tokenizer\n"
@@ -103,9 +106,7 @@ def test_training_and_the_sft_sequences_never_import_the_rollout_side() -> None:
         "import megatron_seed.rollout.analyzer\n"
         "print(rollout())\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
-    )
+    proc = _python_importing(train, code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = proc.stdout.strip().splitlines()[-2:]
     assert before == "[]", before

@@ -14,6 +14,8 @@ from megatron_seed.data.generation import Generation
 from megatron_seed.rollout.engine import EngineSpec, SamplingSpec
 from megatron_seed.rollout.weight_sync import FlatBucket, unflatten_bucket
 
+Request = tuple[Any, list[int], SamplingSpec, int]  # (key, prompt ids, sampling, seed offset)
+
 
 def engine_env(threads: int) -> dict[str, str]:
     """Environment variables of an engine actor (and of vLLM's TP workers, which inherit its
@@ -60,10 +62,7 @@ class EngineActor(Protocol):
         ...
 
     def advance(
-        self,
-        requests: list[tuple[Any, list[int], SamplingSpec, int]],
-        linger_s: float = 0.0,
-        until_done: list[Any] | None = None,
+        self, requests: list[Request], linger_s: float = 0.0, until_done: list[Any] | None = None
     ) -> list[Any]:
         """The streaming call (`VLLMEngine.advance`): finished (key, Generation) pairs."""
         ...
@@ -138,10 +137,7 @@ class VLLMEngineActor:
         return self.engine.prompt_logprobs(sequences)
 
     def advance(
-        self,
-        requests: list[tuple[Any, list[int], SamplingSpec, int]],
-        linger_s: float = 0.0,
-        until_done: list[Any] | None = None,
+        self, requests: list[Request], linger_s: float = 0.0, until_done: list[Any] | None = None
     ) -> list[Any]:
         return self.engine.advance(requests, linger_s, until_done or ())
 
