@@ -93,8 +93,10 @@ def test_random_engine_rarely_wins_and_hits_the_step_budget(pool, tasks, tiny_to
 def test_prompt_budget_truncates(pool, tasks, tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, random_policy(seed=2))
     cfg = RolloutConfig(max_steps=12, max_prompt_tokens=700)
-    records, _ = AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD).run(
-        tasks[:2], group_size=1, spec=None
+    records = (
+        AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD)
+        .run(tasks[:2], group_size=1, spec=None)
+        .records
     )
     assert all(r.status is Status.TRUNCATED and 0 < len(r.turns) < 12 for r in records)
 
@@ -104,9 +106,11 @@ def test_window_mode_prompts_hold_the_history(pool, tasks, tiny_tokenizer):
     cfg = RolloutConfig(
         max_steps=4, max_prompt_tokens=100_000, history_mode="window", history_window=2
     )
-    (record,) = AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD).run(
-        tasks[:1], group_size=1, spec=None
-    )[0]
+    (record,) = (
+        AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD)
+        .run(tasks[:1], group_size=1, spec=None)
+        .records
+    )
     assert record.history_mode == "window" and len(record.turns) == 4
     assert all(t.user.count("Your task is to: ") == 1 for t in record.turns)
     assert (

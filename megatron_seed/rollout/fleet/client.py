@@ -156,7 +156,7 @@ class Fleet:
         if not ray.is_initialized():
             raise FleetError("Fleet needs a running Ray: call ray.init() first")
         spec = spec or FleetSpec()
-        if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        if running is None and not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise FileNotFoundError(f"no config.json in model dir {model_dir!r}")
         vllm_backend(spec.transport)  # fail early on a name vLLM would reject at the first sync
         self.spec = spec
@@ -173,23 +173,21 @@ class Fleet:
         self._nccl_stale = False  # engines may still hold an old group
         self._closed = False
         self._dtype: str | None = None
-        if running is None:
+        if running is not None:
+            self._state = running.state
+        else:
             self._state = (
                 ray.remote(num_cpus=0)(_FleetState)
                 .options(name=f"{self.name}-state", namespace=NAMESPACE)
                 .remote()
             )
-            actor_cls = actor_cls or VLLMEngineActor
-            self._slots = EngineSlots(self.name, self.model_dir, spec, actor_cls)
+        actors = None if running is None else running.engines
+        actor_cls = actor_cls or VLLMEngineActor
+        self._slots = EngineSlots(self.name, self.model_dir, spec, actor_cls, actors)
+        if running is None:
             ray.get(self._state.set_engines.remote(self._slots.actors))
             owner = {"model_dir": self.model_dir, "spec": replace(spec, name=self.name)}
             ray.get(self._state.set_settings.remote(owner))
-        else:
-            self._state = running.state
-            actor_cls = actor_cls or VLLMEngineActor
-            self._slots = EngineSlots(
-                self.name, self.model_dir, spec, actor_cls, actors=running.engines
-            )
 
     @classmethod
     def connect(cls, address: FleetAddress) -> Fleet:
