@@ -60,15 +60,13 @@ def _perturbed(model_dir: Path, seed: int) -> list[tuple[str, torch.Tensor]]:
 
 
 def bench_sync(model_dir: Path, args: argparse.Namespace) -> dict:
-    from megatron_seed.rollout.fleet import Fleet
+    from megatron_seed.rollout.engine import EngineSpec
+    from megatron_seed.rollout.fleet import Fleet, FleetSpec
 
     params = sum(t.numel() for _, t in _perturbed(model_dir, 0))
     t0 = time.perf_counter()
-    fleet = Fleet(
-        str(model_dir),
-        args.engines,
-        engine_kwargs=dict(kv_cache_bytes=256 << 20, max_model_len=1024),
-    )
+    engine = EngineSpec(kv_cache_bytes=256 << 20, max_model_len=1024)
+    fleet = Fleet(str(model_dir), FleetSpec(engines=args.engines, engine=engine))
     start_s = time.perf_counter() - t0
     probe = [list(range(3, 67))]
     base = fleet.prompt_logprobs(probe)[0]
@@ -110,14 +108,11 @@ def bench_sync(model_dir: Path, args: argparse.Namespace) -> dict:
 
 
 def bench_rollout(model_dir: Path, tok_ids: list[list[int]], args: argparse.Namespace) -> dict:
-    from megatron_seed.rollout.engine import SamplingSpec
-    from megatron_seed.rollout.fleet import Fleet
+    from megatron_seed.rollout.engine import EngineSpec, SamplingSpec
+    from megatron_seed.rollout.fleet import Fleet, FleetSpec
 
-    fleet = Fleet(
-        str(model_dir),
-        args.engines,
-        engine_kwargs=dict(kv_cache_bytes=128 << 20, max_model_len=1024),
-    )
+    engine = EngineSpec(kv_cache_bytes=128 << 20, max_model_len=1024)
+    fleet = Fleet(str(model_dir), FleetSpec(engines=args.engines, engine=engine))
     spec = SamplingSpec(temperature=1.0, max_tokens=args.max_tokens, seed=0)
     prompts = [tok_ids[i % len(tok_ids)] for i in range(args.prompts)]
     rounds = []

@@ -199,7 +199,7 @@ def _model_episodes(args: argparse.Namespace, cfg: Any, tasks: list[str]) -> lis
     with RolloutSession(cfg, model) as session:
         session.fleet.reseed(args.seed)
         tasks_ = session.tasks(tasks, skills)
-        records, _ = session.play(tasks_, args.episodes, sampling, update=-1)
+        records = session.play(tasks_, args.episodes, sampling, update=-1).records
     return [
         Episode(r.game, r.family, r.won, r.reward, len(r.turns), r.invalid_actions) for r in records
     ]

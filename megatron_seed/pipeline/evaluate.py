@@ -67,7 +67,7 @@ def evaluate_policies(
                 )
                 session.fleet.reseed(seed)  # the same draws whatever ran on the fleet before
                 games = [g for name in names for g in splits[name]]
-                records, _ = session.play(session.tasks(games, skills), n, spec, update=-1)
+                records = session.play(session.tasks(games, skills), n, spec, update=-1).records
                 for name in names:  # records come n per task, in task order
                     result[name] = summarize(records[: n * len(splits[name])])
                     result[name]["decoding"] = f"T={temperature:g}, {n} per game"

@@ -197,22 +197,22 @@ class Leader(Follower):
         metrics: dict[str, float] = {}
         if cfg.rollout.overlap:
             plan = self._analysis_plan(run)
-            records, stats, results, timing = session.play_overlapped(
+            played = session.play_overlapped(
                 tasks, cfg.rollout.group_size, session.sampling(), step, plan
             )
-            metrics.update(timing.metrics())
+            metrics.update(played.timing.metrics())
             if plan is not None:
-                metrics.update(_overlapped_analysis(records, results))
+                metrics.update(_overlapped_analysis(played.records, played.analyses))
         else:
-            records, stats = session.play(
-                tasks, cfg.rollout.group_size, session.sampling(), update=step
-            )
+            played = session.play(tasks, cfg.rollout.group_size, session.sampling(), update=step)
+        records = played.records
         if cfg.rollout.one_step_off:
             version = run.step if version is None else version
             for record in records:  # the trainer step whose weights played it
                 record.policy_version = version
         metrics.update(rollout_metrics(records))
-        metrics.update({f"rollout/{k}": float(v) for k, v in dataclasses.asdict(stats).items()})
+        stats = dataclasses.asdict(played.stats)
+        metrics.update({f"rollout/{k}": float(v) for k, v in stats.items()})
         return records, metrics
 
     def _analysis_plan(self, run: Run) -> Any:
@@ -242,7 +242,7 @@ class Leader(Follower):
         """Greedy episodes on the evaluation games, no skill: success overall and per family."""
         session = self.session
         tasks = session.tasks(run.job.eval_games)
-        records, _ = session.play(tasks, 1, session.sampling(True), -1)
+        records = session.play(tasks, 1, session.sampling(True), -1).records
         out = rollout_metrics(records, "evaluate")
         for fam in sorted({r.family for r in records}):
             rs = [r for r in records if r.family == fam]

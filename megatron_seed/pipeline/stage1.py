@@ -7,7 +7,7 @@
               result theta_sft initialises both the actor and the analyzer of Stage 2
 
 The SFT prompt is the analyzer request of the layout Stage 2 uses (`SkillConfig.
-analyzer_layout`), built by the same code (`rollout.analyzer.request_ids`), and the target
+analyzer_layout`), built by the same code (`data.requests.request_ids`), and the target
 is the JSON answer the analyzer must produce, so Stage 1 trains exactly what Stage 2 asks.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TokenSequence, TrajectoryRecord, check_chat_template, collate
+from megatron_seed.data.requests import request_ids
 
 
 def answer_text(summary: str | None, skill: str) -> str:
@@ -31,7 +32,6 @@ def sft_sequence(
     tokenizer: Any, record: TrajectoryRecord, layout: str, min_words: int = 5
 ) -> TokenSequence:
     """x_tau (the analyzer request for `record`) + s_tau (its answer) with loss on s_tau."""
-    from megatron_seed.rollout.analyzer import request_ids
     from megatron_seed.skills.parse import build_requests
 
     if not record.has_teacher:
@@ -141,7 +141,7 @@ def collect(
         for start in range(0, len(todo), chunk_tasks):
             tasks = session.tasks([str(g) for g in todo[start : start + chunk_tasks]])
             spec = session.sampling()
-            records, _ = session.play(tasks, cfg.collect_rollouts_per_task, spec, update=0)
+            records = session.play(tasks, cfg.collect_rollouts_per_task, spec, update=0).records
             with out.open("a") as f:
                 for rec in records:
                     f.write(rec.to_json() + "\n")

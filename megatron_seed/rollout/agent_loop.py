@@ -110,6 +110,18 @@ class RolloutStats:
     env_wait_s: float = 0.0
 
 
+@dataclass
+class PlayResult:
+    """One rollout phase: a record per episode in task order and its counts; an overlapped
+    phase also gives the `AnalysisResult` of every analysed record (record order) and its
+    timing (`rollout.overlap.OverlapTiming`)."""
+
+    records: list[TrajectoryRecord]
+    stats: RolloutStats
+    analyses: list[Any] = field(default_factory=list)
+    timing: Any = None
+
+
 def _env_status(result: Any) -> Status | None:
     status = getattr(result.status, "value", result.status)
     return {"error": Status.ENV_ERROR, "truncated": Status.MAX_STEPS}.get(status)
@@ -156,15 +168,13 @@ class AgentLoop:
 
     # ------------------------------------------------------------ the loop
 
-    def run(
-        self, tasks: list[Task], group_size: int, spec: Any, update: int = 0
-    ) -> tuple[list[TrajectoryRecord], RolloutStats]:
+    def run(self, tasks: list[Task], group_size: int, spec: Any, update: int = 0) -> PlayResult:
         """Play `group_size` episodes of every task; return one record per episode."""
         episodes = self._start(tasks, group_size, update)
         stats = RolloutStats(episodes=len(episodes))
         while live := [ep for ep in episodes if not ep.done]:
             self._turn(live, spec, stats)
-        return [self._record(ep) for ep in episodes], stats
+        return PlayResult([self._record(ep) for ep in episodes], stats)
 
     def _start(self, tasks: list[Task], group_size: int, update: int) -> list[_Live]:
         """Reset one environment episode per (task, sample), in task order."""

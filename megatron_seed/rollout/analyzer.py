@@ -1,10 +1,8 @@
 """The on-policy analyzer: the fleet (theta_old) turns finished episodes into skills.
 
 Requests come from `megatron_seed.skills` (prompt layouts, lenient parsing, validation,
-retries that quote the error). This module only turns their chat messages into token ids
-with `ChatBuilder` and decodes with the fleet. In the `continuation` layout the ids start
-with the episode's own chat, built from the exact sampled action ids, so the engine's prefix
-cache already holds the whole trajectory and only the request is prefilled.
+retries that quote the error); their token ids from `data.requests.request_ids`. This
+module only decodes them with the fleet.
 """
 
 from __future__ import annotations
@@ -13,40 +11,7 @@ from typing import Any
 
 from megatron_seed.config import SkillConfig
 from megatron_seed.data import TrajectoryRecord
-from megatron_seed.data.sequences import ChatBuilder
-
-
-def _episode_chat(tokenizer: Any, record: TrajectoryRecord) -> ChatBuilder:
-    chat = ChatBuilder(tokenizer, record.system_prompt)
-    for i, turn in enumerate(record.turns):
-        if i == 0:
-            chat.prompt_ids(turn.user)
-        else:
-            chat.append_user(turn.user)
-        chat.append_action(turn.action_ids, turn.logprobs)
-    return chat
-
-
-def request_ids(tokenizer: Any, request: Any) -> list[int]:
-    """Prompt ids of one analysis request (either layout, any retry depth)."""
-    messages = list(request.appended)
-    if request.layout == "continuation":
-        chat, ids = _episode_chat(tokenizer, request.record), None
-    else:
-        system = None
-        if messages and messages[0]["role"] == "system":
-            system = messages.pop(0)["content"]
-        chat = ChatBuilder(tokenizer, system)
-        ids = chat.prompt_ids(messages.pop(0)["content"])
-    for message in messages:
-        if message["role"] == "user":
-            ids = chat.append_user(message["content"])
-        else:  # an earlier reply quoted in a retry
-            text_ids = tokenizer.encode(message["content"], add_special_tokens=False)
-            reply = [*text_ids, chat.im_end_id]
-            chat.append_action(reply, [0.0] * len(reply))
-    assert ids is not None
-    return ids
+from megatron_seed.data.requests import request_ids
 
 
 def selected(records: list[TrajectoryRecord], rule: str = "all") -> list[bool]:
@@ -58,7 +23,7 @@ def selected(records: list[TrajectoryRecord], rule: str = "all") -> list[bool]:
     uncertain: per group, the half (rounded up) with the lowest mean sampled-token log-prob.
     Records without turns or of an untrainable status are never selected.
     """
-    ok = [r.status.trainable and bool(r.turns) for r in records]
+    ok = [r.trainable for r in records]
     if rule == "all":
         return ok
     groups: dict[str, list[int]] = {}
@@ -108,10 +73,11 @@ def analyze_records(
     """Fill `skill` and `analysis` of the `cfg.select`ed records in place (all trainable
     ones by default); return the analysis metrics (validity rate, retries, skill length,
     tokens, the share selected)."""
+    from megatron_seed.data.generation import Generation
     from megatron_seed.rollout.engine import SamplingSpec
-    from megatron_seed.skills.parse import Generation, analyze_with_retries
+    from megatron_seed.skills.parse import analyze_with_retries
 
-    trainable = [r for r in records if r.status.trainable and r.turns]
+    trainable = [r for r in records if r.trainable]
     chosen = [r for r, c in zip(records, selected(records, cfg.select), strict=True) if c]
     spec = SamplingSpec(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
 

@@ -30,10 +30,12 @@ import logging
 import os
 import time
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+from megatron_seed.data.generation import Generation
 
 EXTENSION_CLS = "megatron_seed.rollout.worker_extension.SeedWorkerExtension"
 # Loggers that warn once per untouched layer and list every untouched tensor on each
@@ -54,20 +56,21 @@ class SamplingSpec:
     seed: int | None = None
 
 
-@dataclass
-class Generation:
-    """One sampled completion.
+@dataclass(frozen=True)
+class EngineSpec:
+    """The options of one `VLLMEngine` (`VLLMEngine.from_spec`). `seed` None: the fleet
+    gives engine e seed e. `extra`: further `vllm.LLM` keywords (a fake engine's options)."""
 
-    token_ids: exactly as sampled, including <|im_end|> when generation stopped on it.
-    logprobs: log-prob of each sampled token under the engine's weights (same length).
-    text: `token_ids` decoded with skip_special_tokens=True.
-    finish_reason: "stop" (EOS / stop token) or "length" (hit max_tokens).
-    """
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
+    seed: int | None = None
+    max_model_len: int = 4096
+    kv_cache_bytes: int = 1 << 30
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    dtype: str | None = None
+    enable_sleep_mode: bool = False
+    weight_transfer: str = "objstore"
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _on_gpu() -> bool:
@@ -149,6 +152,12 @@ class VLLMEngine:
         self.busy_s = 0.0  # seconds spent generating (the fleet's accounting)
         for name in _RELOAD_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
+
+    @classmethod
+    def from_spec(cls, model_dir: str, spec: EngineSpec) -> VLLMEngine:
+        """The engine `spec` describes."""
+        named = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "extra"}
+        return cls(model_dir, **{**named, "seed": spec.seed or 0}, **spec.extra)
 
     # ------------------------------------------------------------------ generation
 

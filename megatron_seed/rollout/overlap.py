@@ -58,7 +58,7 @@ from typing import Any
 from megatron_seed.config import SkillConfig
 from megatron_seed.data import TrajectoryRecord
 from megatron_seed.data.records import Status
-from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task
+from megatron_seed.rollout.agent_loop import AgentLoop, PlayResult, RolloutStats, Task
 from megatron_seed.rollout.analyzer import selected
 
 # free pacing: an episode leaves an engine that holds this many more requests than another
@@ -176,7 +176,7 @@ class FleetStream:
 class AnalysisPlan:
     """How the episodes that end are analysed while the others play.
 
-    tokenizer: builds the analyzer prompts (`rollout.analyzer.request_ids`);
+    tokenizer: builds the analyzer prompts (`data.requests.request_ids`);
     cfg: the analysis settings; `cfg.select` picks the records to analyse
         (`rollout.analyzer.selected`): "all", each trainable one as soon as its episode
         ends; another rule, among a task's group once all of it has ended;
@@ -216,13 +216,13 @@ def play_overlapped(
     spec: Any,
     update: int = 0,
     analysis: AnalysisPlan | None = None,
-) -> tuple[list[TrajectoryRecord], RolloutStats, list[Any], OverlapTiming]:
+) -> PlayResult:
     """Play `group_size` episodes of every task with episodes advancing independently and
     (with `analysis`) every trainable episode analysed once it ended (with a `select`
     rule: the chosen ones, once their group ended), as engines have room.
 
-    Returns (one record per episode in task order, rollout counts, the `AnalysisResult` of
-    every analysed record in record order, timing). The records' `skill`/`analysis` are not
+    The result: one record per episode in task order, the rollout counts, the
+    `AnalysisResult` of every analysed record in record order, the timing. The records' `skill`/`analysis` are not
     set here: `rollout.analyzer.apply_analysis` does it, as for the synchronous path.
     """
     return _Overlap(loop, stream, spec, analysis).run(tasks, group_size, update)
@@ -259,9 +259,7 @@ class _Overlap:
 
     # ------------------------------------------------------------ the loop
 
-    def run(
-        self, tasks: list[Task], group_size: int, update: int
-    ) -> tuple[list[TrajectoryRecord], RolloutStats, list[Any], OverlapTiming]:
+    def run(self, tasks: list[Task], group_size: int, update: int) -> PlayResult:
         start = time.perf_counter()
         self.episodes = self.loop._start(tasks, group_size, update)
         n = len(self.episodes)
@@ -295,7 +293,7 @@ class _Overlap:
         records = [r for r in self.records if r is not None]
         assert len(records) == n, "an episode ended without a record"
         analysed = [self.results[i] for i in sorted(self.results)]
-        return records, self.stats, analysed, self.timing
+        return PlayResult(records, self.stats, analysed, self.timing)
 
     def _placement(self, group_size: int) -> list[int]:
         """Each episode's engine. Paced: the engine paired with the episode's env worker
@@ -438,8 +436,9 @@ class _Overlap:
         self._send_analysis(i, request)
 
     def _send_analysis(self, i: int, request: Any) -> None:
-        from megatron_seed.rollout.analyzer import request_ids
-        from megatron_seed.skills.parse import Generation, absorb_reply
+        from megatron_seed.data.generation import Generation
+        from megatron_seed.data.requests import request_ids
+        from megatron_seed.skills.parse import absorb_reply
 
         assert self.analysis is not None
         ids = request_ids(self.analysis.tokenizer, request)
@@ -470,7 +469,8 @@ class _Overlap:
         self.backlog = []
 
     def _analysed(self, i: int, gen: Any, error: str | None = None) -> None:
-        from megatron_seed.skills.parse import Generation, absorb_reply
+        from megatron_seed.data.generation import Generation
+        from megatron_seed.skills.parse import absorb_reply
 
         assert self.analysis is not None
         request, prompt_tokens = self.asked.pop(i)

@@ -6,7 +6,7 @@ against Ray env workers of one environment, through `AgentLoop`. A session owns 
 started and closes only that.
 
     with RolloutSession(cfg, model_dir, env) as session:
-        records, stats = session.play(session.tasks(games), group_size, session.sampling())
+        played = session.play(session.tasks(games), group_size, session.sampling())
 """
 
 from __future__ import annotations
@@ -14,35 +14,36 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from envs.api import EnvSpec
 from envs.spec import get_env
 from megatron_seed.config import SeedConfig
-from megatron_seed.data import TrajectoryRecord, check_chat_template
-from megatron_seed.rollout.agent_loop import AgentLoop, RolloutStats, Task, make_tasks
+from megatron_seed.data import check_chat_template
+from megatron_seed.rollout.agent_loop import AgentLoop, PlayResult, Task, make_tasks
+from megatron_seed.rollout.engine import EngineSpec
 
 
-def engine_kwargs(cfg: SeedConfig, model_dir: str | Path) -> dict[str, Any]:
-    """The `VLLMEngine` options of `cfg.fleet` for this model (context capped by the model)."""
+def engine_spec(cfg: SeedConfig, model_dir: str | Path) -> EngineSpec:
+    """The engines of `cfg.fleet` for this model (context capped by the model)."""
     import json
 
     import torch
 
     hf = json.loads((Path(model_dir) / "config.json").read_text())
     context = min(cfg.fleet.max_model_len, int(hf.get("max_position_embeddings", 1 << 30)))
-    kwargs: dict[str, Any] = {
-        "max_model_len": context,
-        "tensor_parallel_size": cfg.fleet.engine_tp,
-        "dtype": fleet_dtype(cfg),
-    }
+    spec = EngineSpec(
+        max_model_len=context, tensor_parallel_size=cfg.fleet.engine_tp, dtype=fleet_dtype(cfg)
+    )
     if torch.cuda.is_available():  # the KV cache: what the utilisation leaves of each GPU
-        kwargs["gpu_memory_utilization"] = cfg.fleet.gpu_memory_utilization
-        kwargs["enable_sleep_mode"] = cfg.fleet.colocate
-    else:
-        kwargs["kv_cache_bytes"] = cfg.fleet.kv_cache_bytes
-    return kwargs
+        return replace(
+            spec,
+            gpu_memory_utilization=cfg.fleet.gpu_memory_utilization,
+            enable_sleep_mode=cfg.fleet.colocate,
+        )
+    return replace(spec, kv_cache_bytes=cfg.fleet.kv_cache_bytes)
 
 
 def fleet_dtype(cfg: SeedConfig) -> str:
@@ -122,20 +123,20 @@ def _environ(**values: str) -> Any:
 def start_fleet(cfg: SeedConfig, model_dir: str | Path, replay_dir: str | None = None) -> Any:
     """A `Fleet` of `cfg.fleet`'s engines serving `model_dir` (needs `ray.init()`);
     `replay_dir`: where `fleet.replay="disk"` keeps the last synced weights."""
-    from megatron_seed.rollout.fleet import Fleet
+    from megatron_seed.rollout.fleet import Fleet, FleetSpec
 
     f = cfg.fleet
-    return Fleet(
-        str(model_dir),
-        f.engines,
-        engine_kwargs=engine_kwargs(cfg, model_dir),
+    spec = FleetSpec(
+        engines=f.engines,
+        engine=engine_spec(cfg, model_dir),
         max_restarts=f.max_restarts,
-        num_gpus_per_engine=f.gpus_per_engine,
+        gpus_per_engine=f.gpus_per_engine,
         transport=f.transport,
         sync_timeout_s=f.sync_timeout_s,
         replay=f.replay,
         replay_dir=replay_dir,
     )
+    return Fleet(str(model_dir), spec)
 
 
 def _placement(fleet: Any, pool: Any) -> str:
@@ -203,7 +204,7 @@ class RolloutSession:
             self._owned.append(pool)
         self.fleet, self.pool = fleet, pool
         self.placement = _placement(fleet, pool)
-        self.context = engine_kwargs(cfg, model_dir)["max_model_len"]
+        self.context = engine_spec(cfg, model_dir).max_model_len
         self.loop = AgentLoop(fleet, pool, tokenizer, cfg.rollout, self.env)
 
     def tasks(self, games: list[str], skills: Mapping[str, str] | None = None) -> list[Task]:
@@ -223,9 +224,7 @@ class RolloutSession:
             seed=seed,
         )
 
-    def play(
-        self, tasks: list[Task], group_size: int, spec: Any, update: int = 0
-    ) -> tuple[list[TrajectoryRecord], RolloutStats]:
+    def play(self, tasks: list[Task], group_size: int, spec: Any, update: int = 0) -> PlayResult:
         """`group_size` episodes of every task."""
         return self.loop.run(tasks, group_size, spec, update=update)
 
@@ -236,7 +235,7 @@ class RolloutSession:
         spec: Any,
         update: int = 0,
         analysis: Any = None,
-    ) -> tuple[list[TrajectoryRecord], RolloutStats, list[Any], Any]:
+    ) -> PlayResult:
         """`group_size` episodes of every task, advancing independently, each selected
         episode analysed as it ends (`rollout.overlap.play_overlapped`)."""
         from megatron_seed.rollout.overlap import FleetStream, play_overlapped

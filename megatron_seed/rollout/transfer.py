@@ -18,7 +18,7 @@ finalised: CPU repacking, post-load processing). Which backend:
   "nccl"      vLLM's NCCL engine: engines on other GPUs join one group with trainer rank 0
               (packed, double-buffered broadcast).
 
-The fleet is the client (`rollout.fleet.Fleet` implements `VLLMWeightSyncClient` with a
+The fleet is the client (`rollout.fleet.sync` implements `VLLMWeightSyncClient` with a
 timeout on every call); `ExportSource` turns the trainer's export stream into vLLM's
 `WeightSource` and tees every tensor into the fleet's replay copy. The GPU backends are
 vLLM's own code: they run only on a CUDA build (they are not exercised on a CPU machine).

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_seed.skills.parse import AnalysisRequest, Generation
+from megatron_seed.data.generation import Generation
+from megatron_seed.skills.parse import AnalysisRequest
 from megatron_seed.skills.prompt import Message
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524})

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_seed.config import SkillConfig
+from megatron_seed.data.generation import Generation
 from megatron_seed.data.records import Analysis, TrajectoryRecord
 from megatron_seed.skills.prompt import (
     ANSWER_FORMAT,
@@ -264,19 +265,6 @@ class AnalysisRequest:
     messages: list[Message]
     appended: list[Message]
     attempt: int = 0  # 0: first ask; k: k-th retry
-
-
-@dataclass
-class Generation:
-    """One engine reply. ``error`` set: the request failed after the engine's own retries."""
-
-    text: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_s: float = 0.0
-    finish_reason: str | None = None
-    cached: bool = False
-    error: str | None = None
 
 
 GenerateFn = Callable[[list[AnalysisRequest]], Sequence["Generation | str"]]

@@ -3,7 +3,8 @@
 `Fleet(..., actor_cls=FakeEngineActor)` runs the fleet's own code (placement groups, the
 weight-sync client and its deadlines, restarts, the replay copy, sleep/wake) against
 engines that hold their weights in a dict and log every call to a shared `Recorder`
-actor. Behaviour is set through `engine_kwargs` (slot index = the engine's `seed`):
+actor. It implements `rollout.fleet.EngineActor`, plus the `INSPECTION` methods tests
+read. Behaviour is set through `EngineSpec.extra` (slot index = the engine's `seed`):
 
     fake_recorder   name of a `Recorder` actor (optional)
     fake_stall      {slot: seconds}: the first incarnation of that slot sleeps in
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from megatron_seed.data.generation import Generation
+from megatron_seed.rollout.engine import EngineSpec
 
 
 class Recorder:
@@ -46,11 +50,14 @@ def record(name: str | None, event: str) -> None:
 
 
 class FakeEngineActor:
-    """The remote methods of `fleet._EngineActor`, over a dict of weights."""
+    """`rollout.fleet.EngineActor` over a dict of weights."""
 
-    def __init__(self, model_dir: str, engine_kwargs: dict[str, Any], threads: int) -> None:
-        self.kwargs = dict(engine_kwargs)
-        self.slot = int(self.kwargs.get("seed", 0))
+    INSPECTION = ("placement", "get_init_info", "get_weights")  # for tests, not the fleet
+
+    def __init__(self, model_dir: str, spec: EngineSpec, threads: int) -> None:
+        self.spec = spec
+        self.kwargs = dict(spec.extra)
+        self.slot = int(spec.seed or 0)
         self.recorder = self.kwargs.get("fake_recorder")
         self.weights: dict[str, torch.Tensor] = {}
         self.asleep: set[str] = set()
@@ -85,9 +92,17 @@ class FakeEngineActor:
         return {
             "placement_group": ctx.get_placement_group_id(),
             "resources": ctx.get_assigned_resources(),
-            "tensor_parallel_size": self.kwargs.get("tensor_parallel_size", 1),
-            "gpu_memory_utilization": self.kwargs.get("gpu_memory_utilization"),
+            "tensor_parallel_size": self.spec.tensor_parallel_size,
+            "gpu_memory_utilization": self.spec.gpu_memory_utilization,
         }
+
+    def generate(self, prompts: list[list[int]], spec: Any, offsets: list[int]) -> list[Generation]:
+        """`fake_reply` of every prompt."""
+        return [fake_reply(ids) for ids in prompts]
+
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """-1 for every token after the first."""
+        return [[-1.0] * (len(ids) - 1) for ids in sequences]
 
     def load_bucket(self, bucket: Any) -> int:
         from megatron_seed.rollout.weight_sync import unflatten_bucket
@@ -148,12 +163,6 @@ class FakeEngineActor:
     def reseed(self, seed: int) -> None:
         self._log(f"reseed:{seed}")
 
-    def pause(self) -> None:
-        self._log("pause")
-
-    def resume(self) -> None:
-        self._log("resume")
-
     def sleep(self, level: int = 1) -> None:
         self.asleep = {"weights", "kv_cache"}
         self._log(f"sleep:{level}")
@@ -189,14 +198,10 @@ class FakeEngineActor:
         return answered
 
     def usage(self) -> dict[str, float]:
-        import time
-
         return {"busy_s": 0.0, "cpu_s": time.process_time()}
 
 
-def fake_reply(ids: list[int]) -> Any:
+def fake_reply(ids: list[int]) -> Generation:
     """A deterministic generation for a prompt: 2 tokens from its length and sum."""
-    from megatron_seed.rollout.engine import Generation
-
     tokens = [len(ids) % 251, sum(ids) % 251]
     return Generation(tokens, [-1.0, -2.0], f"{tokens[0]} {tokens[1]}", "stop")

@@ -9,20 +9,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from megatron_seed.data.generation import Generation
 from megatron_seed.rollout.agent_loop import EpisodeView
-
-
-@dataclass
-class ScriptedGeneration:
-    """Same fields as `rollout.engine.Generation`."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str = "stop"
 
 
 class ScriptedEngine:
@@ -37,13 +27,13 @@ class ScriptedEngine:
 
     def generate(
         self, prompts: list[list[int]], spec: Any = None, *, views: list[EpisodeView]
-    ) -> list[ScriptedGeneration]:
+    ) -> list[Generation]:
         """One scripted answer per prompt, ending in the EOS token like a sampled one."""
         out = []
         for _ids, view in zip(prompts, views, strict=True):
             text = f"<action>{self.choose(view)}</action>"
             token_ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.eos_id]
-            out.append(ScriptedGeneration(token_ids, [0.0] * len(token_ids), text))
+            out.append(Generation(token_ids, [0.0] * len(token_ids), text, "stop"))
         return out
 
 

@@ -56,7 +56,8 @@ def test_expert_engine_wins_and_records_align(pool, tasks, tiny_tokenizer):
         RolloutConfig(max_steps=12, max_prompt_tokens=100_000),
         ALFWORLD,
     )
-    records, stats = loop.run(tasks, group_size=2, spec=None)
+    played = loop.run(tasks, group_size=2, spec=None)
+    records, stats = played.records, played.stats
     assert len(records) == 12 and stats.episodes == 12
     assert all(r.won and r.reward == 1.0 and r.status is Status.OK for r in records)
     for r in records:
@@ -83,7 +84,7 @@ def test_random_engine_rarely_wins_and_hits_the_step_budget(pool, tasks, tiny_to
         RolloutConfig(max_steps=12, max_prompt_tokens=100_000),
         ALFWORLD,
     )
-    records, _ = loop.run(tasks, group_size=1, spec=None)
+    records = loop.run(tasks, group_size=1, spec=None).records
     assert sum(r.won for r in records) <= 2
     losers = [r for r in records if not r.won]
     assert losers and all(r.status is Status.MAX_STEPS and len(r.turns) == 12 for r in losers)
@@ -92,8 +93,10 @@ def test_random_engine_rarely_wins_and_hits_the_step_budget(pool, tasks, tiny_to
 def test_prompt_budget_truncates(pool, tasks, tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, random_policy(seed=2))
     cfg = RolloutConfig(max_steps=12, max_prompt_tokens=700)
-    records, _ = AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD).run(
-        tasks[:2], group_size=1, spec=None
+    records = (
+        AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD)
+        .run(tasks[:2], group_size=1, spec=None)
+        .records
     )
     assert all(r.status is Status.TRUNCATED and 0 < len(r.turns) < 12 for r in records)
 
@@ -103,9 +106,11 @@ def test_window_mode_prompts_hold_the_history(pool, tasks, tiny_tokenizer):
     cfg = RolloutConfig(
         max_steps=4, max_prompt_tokens=100_000, history_mode="window", history_window=2
     )
-    (record,) = AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD).run(
-        tasks[:1], group_size=1, spec=None
-    )[0]
+    (record,) = (
+        AgentLoop(engine, pool, tiny_tokenizer, cfg, ALFWORLD)
+        .run(tasks[:1], group_size=1, spec=None)
+        .records
+    )
     assert record.history_mode == "window" and len(record.turns) == 4
     assert all(t.user.count("Your task is to: ") == 1 for t in record.turns)
     assert (

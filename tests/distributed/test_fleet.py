@@ -39,10 +39,12 @@ def model_dir(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="module")
 def fleet(model_dir):
     ray = pytest.importorskip("ray")
-    from megatron_seed.rollout.fleet import Fleet
+    from megatron_seed.rollout.engine import EngineSpec
+    from megatron_seed.rollout.fleet import Fleet, FleetSpec
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    f = Fleet(str(model_dir), 2, engine_kwargs=dict(kv_cache_bytes=64 << 20, max_model_len=1024))
+    engine = EngineSpec(kv_cache_bytes=64 << 20, max_model_len=1024)
+    f = Fleet(str(model_dir), FleetSpec(engines=2, engine=engine))
     yield f
     f.close()
     ray.shutdown()
@@ -190,7 +192,7 @@ def test_refit_guard_names_the_engine_with_corrupted_weights(fleet, model_dir):
     assert check_refit(reference, [p[0] for p in fleet.prompt_logprobs_per_engine([probe])], 1e-3)
     name = "model.layers.0.mlp.down_proj.weight"
     weight = dict(full)[name]
-    ray.get(fleet._engines[1].load_bucket.remote(flatten_bucket([(name, weight * -3.0)])))
+    ray.get(fleet.actors[1].load_bucket.remote(flatten_bucket([(name, weight * -3.0)])))
     with pytest.raises(RefitError, match=r"engine 1 disagrees with the trainer"):
         check_refit(reference, [p[0] for p in fleet.prompt_logprobs_per_engine([probe])], 1e-3)
     fleet.update_weights(iter(full))

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from megatron_seed.rollout import weight_sync as ws
-from megatron_seed.rollout.fleet import _balanced_chunks, _FleetState
+from megatron_seed.rollout.fleet.client import _balanced_chunks
+from megatron_seed.rollout.fleet.replay import _FleetState
 
 
 def _stream(num_layers: int = 3, h: int = 64) -> list[tuple[str, torch.Tensor]]:
@@ -219,7 +220,7 @@ def test_a_sync_holds_at_most_one_replay_bucket_twice(monkeypatch):
     replay copy twice. A slow fake actor: a copy happens when its ack is awaited."""
     import ray
 
-    from megatron_seed.rollout.fleet import _Replay
+    from megatron_seed.rollout.fleet.replay import _Replay
 
     live: set[str] = set()  # the sender's objects not yet copied by the state
     most = [0]
@@ -287,22 +288,20 @@ def test_an_engine_lost_with_its_node_fails_at_once_when_no_gpu_is_free(monkeypa
     """No restart that could only hang: the node is gone and no other node has a free GPU."""
     import ray
 
-    from megatron_seed.rollout.fleet import Fleet, FleetError
+    from megatron_seed.rollout.fleet import FleetError
+    from megatron_seed.rollout.fleet.placement import check_node
 
-    fleet = Fleet.__new__(Fleet)
-    fleet._nodes = [("n1", "id-1"), ("n2", "id-2")]
-    fleet._resources = {"num_cpus": 0.0, "num_gpus": 1.0}
+    n1, n2 = ("n1", "id-1"), ("n2", "id-2")
     alive = [{"NodeID": "id-1", "Alive": True}, {"NodeID": "id-2", "Alive": False}]
     monkeypatch.setattr(ray, "nodes", lambda: alive)
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 2.0})
-    fleet._check_node(0, "died")  # its node is alive: a restart may proceed
+    check_node(0, n1, 1.0, "died")  # its node is alive: a restart may proceed
     with pytest.raises(FleetError, match="engine 1 was lost with node n2"):
-        fleet._check_node(1, "ActorDiedError")
+        check_node(1, n2, 1.0, "ActorDiedError")
     monkeypatch.setattr(ray, "available_resources", lambda: {"GPU": 1.0})
-    fleet._check_node(1, "ActorDiedError")  # another node has a free GPU: restart there
-    fleet._resources["num_gpus"] = 0.0
+    check_node(1, n2, 1.0, "ActorDiedError")  # another node has a free GPU: restart there
     monkeypatch.setattr(ray, "available_resources", lambda: {})
-    fleet._check_node(1, "ActorDiedError")  # a CPU engine needs no GPU to restart
+    check_node(1, n2, 0.0, "ActorDiedError")  # a CPU engine needs no GPU to restart
 
 
 def test_engines_do_not_inherit_the_trainers_single_cuda_queue(monkeypatch):

@@ -9,10 +9,12 @@ restarts and the replay copy (the real engines' side is in test_fleet.py).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
+from megatron_seed.rollout.engine import EngineSpec
 from megatron_seed.testbed.fake_engine import FakeEngineActor, Recorder
 
 
@@ -39,26 +41,27 @@ def _weights(seed: int, n: int = 6) -> list[tuple[str, torch.Tensor]]:
     return [(name, torch.randn(16, 8, generator=g)) for name in names]
 
 
-def _fleet(model_dir, tmp_path, **kw):
-    from megatron_seed.rollout.fleet import Fleet
+def _fleet(model_dir, tmp_path, engine=None, extra=None, **kw):
+    """A fleet of fakes; `extra`: the fakes' options (`EngineSpec.extra`)."""
+    from megatron_seed.rollout.fleet import Fleet, FleetSpec
 
-    engine_kwargs = {"fake_marks": str(tmp_path / "marks"), **kw.pop("engine_kwargs", {})}
-    return Fleet(model_dir, kw.pop("engines", 2), engine_kwargs=engine_kwargs,
-                 actor_cls=FakeEngineActor, **kw)  # fmt: skip
+    extra = {"fake_marks": str(tmp_path / "marks"), **(extra or {})}
+    engine = replace(engine or EngineSpec(), extra=extra)
+    return Fleet(model_dir, FleetSpec(engine=engine, **kw), actor_cls=FakeEngineActor)
 
 
 def _engine_weights(ray, fleet):
-    return ray.get([e.get_weights.remote() for e in fleet._engines])
+    return ray.get([e.get_weights.remote() for e in fleet.actors])
 
 
 def test_each_engine_gets_its_own_strict_pack_group_of_engine_tp_gpus(
     ray_gpus, model_dir, tmp_path
 ):
     ray = ray_gpus
-    kwargs = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.7}
-    fleet = _fleet(model_dir, tmp_path, engine_kwargs=kwargs, num_gpus_per_engine=2.0)
+    engine = EngineSpec(tensor_parallel_size=2, gpu_memory_utilization=0.7)
+    fleet = _fleet(model_dir, tmp_path, engine=engine, gpus_per_engine=2.0)
     try:
-        where = ray.get([e.placement.remote() for e in fleet._engines])
+        where = ray.get([e.placement.remote() for e in fleet.actors])
         groups = [w["placement_group"] for w in where]
         assert None not in groups and len(set(groups)) == 2  # one group per engine
         table = ray.util.placement_group_table()
@@ -77,9 +80,9 @@ def test_each_engine_gets_its_own_strict_pack_group_of_engine_tp_gpus(
             break
         time.sleep(0.1)
     assert ray.available_resources().get("GPU") == 4
-    fleet = _fleet(model_dir, tmp_path, engines=1, num_gpus_per_engine=1.0)
+    fleet = _fleet(model_dir, tmp_path, engines=1, gpus_per_engine=1.0)
     try:  # TP=1: the engine is its own worker and holds its bundle's GPU
-        (w,) = ray.get([e.placement.remote() for e in fleet._engines])
+        (w,) = ray.get([e.placement.remote() for e in fleet.actors])
         assert w["resources"].get("GPU") == 1.0 and w["tensor_parallel_size"] == 1
     finally:
         fleet.close()
@@ -108,7 +111,7 @@ def test_a_stalled_engine_is_dropped_within_the_timeout_and_restarted_with_the_s
     fleet = _fleet(
         model_dir,
         tmp_path,
-        engine_kwargs={"fake_stall": {1: 60.0}},
+        extra={"fake_stall": {1: 60.0}},
         sync_timeout_s=2.0,
         replay=replay,
         replay_dir=str(tmp_path / "replay"),
@@ -135,7 +138,7 @@ def test_an_engine_killed_during_a_sync_is_restarted_with_it(ray_gpus, model_dir
     import threading
 
     ray = ray_gpus
-    fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_stall": {1: 30.0}}, sync_timeout_s=30)
+    fleet = _fleet(model_dir, tmp_path, extra={"fake_stall": {1: 30.0}}, sync_timeout_s=30)
     try:
         weights = _weights(6)
         killer = threading.Timer(1.0, fleet.kill_engine, args=(1,))
@@ -155,7 +158,7 @@ def test_a_failed_reload_restarts_the_engine_with_the_last_synced_weights(
     ray_gpus, model_dir, tmp_path
 ):
     ray = ray_gpus
-    fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_fail": [0]})
+    fleet = _fleet(model_dir, tmp_path, extra={"fake_fail": [0]})
     try:
         weights = _weights(3)
         stats = fleet.update_weights(iter(weights), bucket_bytes=1 << 20)
@@ -169,12 +172,13 @@ def test_a_failed_reload_restarts_the_engine_with_the_last_synced_weights(
 def test_a_transfer_that_needs_every_engine_fails_naming_the_stalled_one(ray_gpus, tmp_path):
     """NCCL's broadcast needs every rank: the client raises instead of dropping."""
     ray = ray_gpus
-    from megatron_seed.rollout.fleet import WeightSyncError, _SyncClient
+    from megatron_seed.rollout.fleet import WeightSyncError
+    from megatron_seed.rollout.fleet.sync import _SyncClient
 
     actor = ray.remote(FakeEngineActor)
     marks = str(tmp_path / "marks")
-    engines = [actor.remote("x", {"seed": i, "fake_stall": {1: 30.0}, "fake_marks": marks}, 1)
-               for i in range(2)]  # fmt: skip
+    extra = {"fake_stall": {1: 30.0}, "fake_marks": marks}
+    engines = [actor.remote("x", EngineSpec(seed=i, extra=extra), 1) for i in range(2)]
     from megatron_seed.rollout.weight_sync import flatten_bucket
 
     ray.get([e.ready.remote() for e in engines])
@@ -193,10 +197,10 @@ def test_nccl_engines_take_consecutive_ranks_of_one_group(ray_gpus, tmp_path):
     """vLLM's NCCL sender gives every worker rank_offset 1; engine i's TP workers must
     start at 1 + i * TP."""
     ray = ray_gpus
-    from megatron_seed.rollout.fleet import _SyncClient
+    from megatron_seed.rollout.fleet.sync import _SyncClient
 
     actor = ray.remote(FakeEngineActor)
-    engines = [actor.remote("x", {"seed": i}, 1) for i in range(3)]
+    engines = [actor.remote("x", EngineSpec(seed=i), 1) for i in range(3)]
     client = _SyncClient(engines, timeout_s=30.0, needs_all=True, ranks_per_engine=2)
     client.init_weight_transfer_engine({"rank_offset": 1, "world_size": 7, "master_port": 1})
     infos = ray.get([e.get_init_info.remote() for e in engines])
@@ -234,7 +238,7 @@ def test_a_sync_that_fails_midway_leaves_every_engine_on_the_last_synced_weights
         assert fleet.restarts == [0, 0]  # finished and replayed, not restarted
         for held in _engine_weights(ray, fleet):
             assert all(torch.equal(held[n], t) for n, t in good)
-        ray.get([e.start_weight_update.remote() for e in fleet._engines])  # not stuck
+        ray.get([e.start_weight_update.remote() for e in fleet.actors])  # not stuck
     finally:
         fleet.close()
 
@@ -242,7 +246,8 @@ def test_a_sync_that_fails_midway_leaves_every_engine_on_the_last_synced_weights
 def test_a_stuck_transfer_raises_once_nothing_moves_for_the_timeout():
     import threading
 
-    from megatron_seed.rollout.fleet import WeightSyncError, _watched
+    from megatron_seed.rollout.fleet import WeightSyncError
+    from megatron_seed.rollout.fleet.sync import _watched
 
     never = threading.Event()
     t0 = time.monotonic()
@@ -265,7 +270,7 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
     from megatron_seed.testbed.synthetic import synthetic_records
 
     recorder = ray.remote(Recorder).options(name="colocation-events").remote()
-    fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_recorder": "colocation-events"})
+    fleet = _fleet(model_dir, tmp_path, extra={"fake_recorder": "colocation-events"})
 
     from megatron_seed.models.qwen import QwenSpec
     from megatron_seed.testbed.tiny import TINY_QWEN2
@@ -344,7 +349,7 @@ def test_a_stream_resubmits_the_requests_of_an_engine_that_died(ray_gpus, model_
     from megatron_seed.rollout.overlap import FleetStream
     from megatron_seed.testbed.fake_engine import fake_reply
 
-    fleet = _fleet(model_dir, tmp_path, engine_kwargs={"fake_die_after": {"1": 2}})
+    fleet = _fleet(model_dir, tmp_path, extra={"fake_die_after": {"1": 2}})
     try:
         fleet.update_weights(iter(_weights(3)), bucket_bytes=1 << 10)
         requests = [(i % 2, ("act", i), list(range(i + 1))) for i in range(6)]
@@ -364,7 +369,7 @@ def test_a_stream_fails_the_requests_of_an_engine_it_may_not_restart(ray_gpus, m
     the other engine's are answered."""
     from megatron_seed.rollout.overlap import FleetStream
 
-    fleet = _fleet(model_dir, tmp_path, max_restarts=0, engine_kwargs={"fake_die_after": {"1": 1}})
+    fleet = _fleet(model_dir, tmp_path, max_restarts=0, extra={"fake_die_after": {"1": 1}})
     try:
         requests = [(i % 2, ("act", i), [i, i]) for i in range(4)]
         answers, failed = _stream_all(FleetStream(fleet), requests)

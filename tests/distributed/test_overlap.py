@@ -71,10 +71,12 @@ def plays(tiny_world):
             session.loop.cfg = dataclasses.replace(cfg.rollout, overlap_pacing=pacing)
             fleet = RecordingFleet(session.fleet)
             plan = AnalysisPlan(session.tokenizer, cfg.skill, session.analyzer_prompt_limit())
-            records, stats, results, timing = play_overlapped(
+            result = play_overlapped(
                 session.loop, FleetStream(fleet), session.tasks(games), 2, session.sampling(),
                 0, plan,
             )  # fmt: skip
+            records, stats, results = result.records, result.stats, result.analyses
+            timing = result.timing
             replies = [ray.get(ref) for ref in fleet.calls]  # per call
             chats = [_chat_ids(session.tokenizer, r) for r in records]
             scored = session.fleet.prompt_logprobs([ids for ids, _ in chats])
@@ -136,7 +138,7 @@ def test_every_turn_carries_the_engines_sampled_ids_and_logprobs(played):
 
 
 def test_every_skill_comes_from_its_own_episode(played):
-    from megatron_seed.rollout.analyzer import request_ids
+    from megatron_seed.data.requests import request_ids
     from megatron_seed.skills.parse import build_requests
 
     records, results, fleet, cfg = (
@@ -145,7 +147,7 @@ def test_every_skill_comes_from_its_own_episode(played):
         played["fleet"],
         played["cfg"],
     )
-    trainable = [i for i, r in enumerate(records) if r.status.trainable and r.turns]
+    trainable = [i for i, r in enumerate(records) if r.trainable]
     assert sorted(r.index for r in results) == trainable  # each analysed once
     first_ask = {}
     for _, (kind, i), ids in fleet.sent:

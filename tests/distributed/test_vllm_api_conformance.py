@@ -1,6 +1,6 @@
 """The project's weight-transfer classes against the installed vLLM's own base classes, used
 the way vLLM's own senders use them, so a vLLM whose interface moved fails here and not in
-the first GPU job (`rollout/transfer.py`, `rollout/fleet.py`, `rollout/worker_extension.py`).
+the first GPU job (`rollout/transfer.py`, `rollout/fleet/`, `rollout/worker_extension.py`).
 
 vLLM's NCCL sender asks the source for `metadata()`, checks every yielded tensor against it
 (`_checked_iter`) and, on non-sender ranks, drains the stream; its IPC sender iterates the
@@ -93,7 +93,7 @@ def test_the_fleets_client_is_vllms_weight_sync_client_and_the_engines_are_compl
     from vllm.distributed.weight_transfer.base import VLLMWeightSyncClient
 
     from megatron_seed.rollout import transfer
-    from megatron_seed.rollout.fleet import _SyncClient
+    from megatron_seed.rollout.fleet.sync import _SyncClient
 
     protocol = [
         n for n, f in vars(VLLMWeightSyncClient).items() if inspect.isfunction(f) and n[0] != "_"

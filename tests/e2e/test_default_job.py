@@ -119,7 +119,7 @@ def test_stage2_reinforced_its_winners_over_its_losers(quick_run):
     for update in range(len(rows) // 2):
         path = out / "stage2" / "trajectories" / f"update_{update:05d}.jsonl"
         for record in read_jsonl(path):
-            if record.status.trainable and record.turns:
+            if record.trainable:
                 change[record.won].append(_action_logprob_change(out, record))
     assert change[True] and change[False], {k: len(v) for k, v in change.items()}
     won, lost = (sum(v) / len(v) for v in (change[True], change[False]))

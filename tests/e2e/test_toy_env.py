@@ -106,14 +106,14 @@ class GuessUp:
         self.tok = tokenizer
 
     def generate(self, prompts, spec):
-        from megatron_seed.testbed.scripted import ScriptedGeneration
+        from megatron_seed.data.generation import Generation
 
         out = []
         for ids in prompts:
             n = self.tok.decode(ids).count("<|im_start|>assistant")  # the step, 1-based
             text = f"<guess>{n}</guess>" if n != 2 else "no idea"  # step 2: an invalid reply
             ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]
-            out.append(ScriptedGeneration(ids, [-0.5] * len(ids), text))
+            out.append(Generation(ids, [-0.5] * len(ids), text, "stop"))
         return out
 
 
@@ -147,7 +147,8 @@ def test_env_pool_and_agent_loop_play_the_toy_game(world) -> None:
         pool = EnvPool(NAME, num_workers=2, max_steps=5)  # the workers look the name up
         loop = AgentLoop(GuessUp(tok), pool, tok, RolloutConfig(max_steps=5), env)
         games = [str(p) for p in env.list_tasks(tasks, "train")]
-        records, stats = loop.run(make_tasks(env, games), group_size=2, spec=None)
+        played = loop.run(make_tasks(env, games), group_size=2, spec=None)
+        records, stats = played.records, played.stats
         pool.close()
     finally:
         ray.shutdown()

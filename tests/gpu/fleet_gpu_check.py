@@ -59,8 +59,8 @@ def main(transport: str, out: str) -> int:
     import ray
 
     from megatron_seed.models.convert import HFCheckpoint
-    from megatron_seed.rollout.engine import SamplingSpec
-    from megatron_seed.rollout.fleet import Fleet
+    from megatron_seed.rollout.engine import EngineSpec, SamplingSpec
+    from megatron_seed.rollout.fleet import Fleet, FleetSpec
     from megatron_seed.rollout.transfer import export_meta
     from megatron_seed.testbed.tiny import make_tiny_qwen
 
@@ -75,16 +75,17 @@ def main(transport: str, out: str) -> int:
     else:  # the trainer keeps GPU 0; the engine gets GPU 1
         head, address = _ray_head_on("1", root)
         ray.init(address=address, log_to_driver=False)
-    fleet = Fleet(
-        model_dir,
-        engines,
-        engine_kwargs=dict(
-            gpu_memory_utilization=0.3 if ipc else 0.6, max_model_len=256, dtype="bfloat16"
-        ),
-        num_gpus_per_engine=share,
+    engine = EngineSpec(
+        gpu_memory_utilization=0.3 if ipc else 0.6, max_model_len=256, dtype="bfloat16"
+    )
+    spec = FleetSpec(
+        engines=engines,
+        engine=engine,
+        gpus_per_engine=share,
         transport=transport,
         sync_timeout_s=60.0,
     )
+    fleet = Fleet(model_dir, spec)
     ids = list(range(3, 67))
     result: dict = {"transport": transport, "engines": engines, "syncs": []}
     memory = []

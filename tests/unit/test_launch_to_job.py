@@ -43,16 +43,17 @@ def test_job_fleet_follows_the_printed_plan(capsys, monkeypatch, tmp_path) -> No
     started = {}
 
     class FakeFleet:
-        def __init__(self, model_dir, num_engines, **kwargs):
-            started.update(kwargs, num_engines=num_engines)
+        def __init__(self, model_dir, spec):
+            started["spec"] = spec
 
     monkeypatch.setattr(fleet_module, "Fleet", FakeFleet)
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
     start_fleet(cfg, tmp_path)
-    assert started["num_engines"] == 8 and started["num_gpus_per_engine"] == 1.0
-    assert started["engine_kwargs"]["tensor_parallel_size"] == 1
-    assert started["engine_kwargs"]["max_model_len"] == 8192  # fleet.max_model_len caps it
-    assert started["transport"] == cfg.fleet.transport
+    spec = started["spec"]
+    assert spec.engines == 8 and spec.gpus_per_engine == 1.0
+    assert spec.engine.tensor_parallel_size == 1
+    assert spec.engine.max_model_len == 8192  # fleet.max_model_len caps it
+    assert spec.transport == cfg.fleet.transport
 
 
 @pytest.mark.parametrize("engine_tp", [2, 4])

@@ -25,19 +25,25 @@ def _modules(exclude: str) -> list[str]:
     return names
 
 
+def _python_importing(modules: list[str], code: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter that imports `modules`, then runs `code`."""
+    code = (
+        f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+        + code
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+
+
 def test_the_library_never_imports_the_test_bed() -> None:
     modules = _modules("megatron_seed.testbed")
     assert "megatron_seed.pipeline.stage2" in modules and len(modules) > 50
-    code = (
-        "import importlib, sys\n"
-        f"for name in {modules!r}:\n"
-        "    importlib.import_module(name)\n"
+    proc = _python_importing(
+        modules,
         "bad = sorted(m for m in sys.modules if m.startswith('megatron_seed.testbed'))\n"
         "print(len(sys.modules), bad)\n"
-        "sys.exit(1 if bad else 0)\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+        "sys.exit(1 if bad else 0)\n",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
 
@@ -159,3 +165,29 @@ def test_the_import_checker_sees_a_library_import(tmp_path: Path) -> None:
     api_like = tmp_path / "api_like.py"
     api_like.write_text("import json\nfrom envs.spec import get_env\n")
     assert _offenders([api_like], PROJECT) == ["api_like.py: envs.spec"]
+
+
+def test_training_and_the_sft_sequences_never_import_the_rollout_side() -> None:
+    """The trainer and Stage 1's SFT sequences (also Stage 2's replay batch) tokenise with
+    `data/`; the same process then imports the analyzer, so the check sees a rollout import."""
+    train = [m for m in _modules("megatron_seed.testbed") if m.startswith("megatron_seed.train")]
+    assert "megatron_seed.train.trainer" in train
+    code = (
+        "from megatron_seed.pipeline.stage1 import sft_sequence\n"
+        "from megatron_seed.testbed.synthetic import annotated_record\n"
+        "from megatron_seed.testbed.tokenizer import build_tokenizer\n"
+        "tok = build_tokenizer(['hello world'], 300)\n"
+        "record = annotated_record('g', True, 'open the drawer before taking the key')\n"
+        "for layout in ('record', 'continuation'):\n"
+        "    assert sft_sequence(tok, record, layout).input_ids\n"
+        "def rollout():\n"
+        "    return sorted(m for m in sys.modules if m.startswith('megatron_seed.rollout'))\n"
+        "print(rollout())\n"
+        "import megatron_seed.rollout.analyzer\n"
+        "print(rollout())\n"
+    )
+    proc = _python_importing(train, code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, after = proc.stdout.strip().splitlines()[-2:]
+    assert before == "[]", before
+    assert "megatron_seed.rollout.analyzer" in after

@@ -47,7 +47,8 @@ def _measure_worker(
         ]
         loop = AgentLoop(engine, pool, engine.tokenizer, cfg, env)
         spec = SamplingSpec(temperature=temperature, max_tokens=48, seed=s.seed)
-        records, stats = loop.run(tasks, group, spec)
+        played = loop.run(tasks, group, spec)
+        records, stats = played.records, played.stats
         name = f"{'hint' if hinted else 'no_hint'}_t{temperature:g}"
         results[name] = {
             "success": round(sum(r.won for r in records) / len(records), 4),
