@@ -106,7 +106,7 @@ class GuessUp:
         self.tok = tokenizer
 
     def generate(self, prompts, spec):
-        from megatron_seed.testbed.scripted import ScriptedGeneration
+        from tests.scripted import ScriptedGeneration
 
         out = []
         for ids in prompts:

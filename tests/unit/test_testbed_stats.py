@@ -1,4 +1,4 @@
-"""The comparison's intervals (`testbed.stats`) against hand-computed values, and the cells
+"""The comparison's intervals (`compare.stats`) against hand-computed values, and the cells
 and difference lines of `seed compare` built from them."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from megatron_seed.testbed.commands_compare import cell, compare_table, difference_lines
-from megatron_seed.testbed.stats import paired_difference, t95, t_interval, wilson
+from megatron_seed.compare.report import cell, compare_table, difference_lines
+from megatron_seed.compare.stats import paired_difference, t95, t_interval, wilson
 
 
 def test_t_quantiles_are_the_tables():
@@ -79,7 +79,7 @@ def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
     import json
 
     from megatron_seed.cli import main
-    from megatron_seed.testbed.commands_compare import merge_summaries
+    from megatron_seed.compare.report import merge_summaries
 
     def result(avg: float) -> dict:
         split = {"macro_avg": avg, "episodes": 48, "per_family": {"pick": avg}}
