@@ -1,7 +1,8 @@
 """The default job: SEED end to end on one CPU machine (`seed run [--quick] [--env NAME]`).
 
-Phases, each resumable (a finished phase is recorded in OUT/progress.json and skipped on a
-rerun; Stage 2 resumes from its own checkpoints):
+The tiny world's games and base policy are made here; the phases from `library` on are one
+`megatron_seed.compare.job` (each resumable: a finished phase is recorded in
+OUT/progress.json and skipped on a rerun; Stage 2 resumes from its own checkpoints):
 
   games    the environment's tasks generated offline: train / seen / unseen (OUT/games, or a
            shared folder; `games/done` marks a finished set)
