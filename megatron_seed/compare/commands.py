@@ -43,9 +43,40 @@ TINY_WORLD_JOB = "megatron_seed.testbed.default_job:run_default_job"
 SPLITS = ("train", "seen", "unseen")
 
 
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of one job that `seed compare` shares with `seed run`."""
+    parser.add_argument(
+        "--quick", action="store_true", help="the tiny world's smaller size (about 5 minutes)"
+    )
+    parser.add_argument(
+        "--updates",
+        type=positive,
+        default=None,
+        help="Stage-2 updates (default: the recipe's; the tiny world's: 12 quick, 24 full)",
+    )
+    parser.add_argument(
+        "--eval-episodes",
+        type=positive,
+        default=None,
+        help="sampled evaluation episodes per training task (default: the tiny world's 8 "
+        "quick, 4 full; with --model 4)",
+    )
+    parser.add_argument(
+        "--skill-library", default=None, help="a family library folder (default: built)"
+    )
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("--quick", action="store_true", help="the tiny world's smaller size")
+    add_job_arguments(parser)
     parser.add_argument("--env", default="alfworld", help="environment (envs.spec names)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
@@ -61,18 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--games", default=None, help="with --model: task folder (3 splits)")
     parser.add_argument("--recipe", default=None, help="with --model: a recipes.py recipe")
-    parser.add_argument("--updates", type=int, default=None, help="Stage-2 updates")
     parser.add_argument(
-        "--stage1-tasks", type=int, default=None, help="with --model (default: every train task)"
-    )
-    parser.add_argument(
-        "--eval-episodes",
-        type=int,
-        default=None,
-        help="sampled evaluation episodes per training task (with --model default 4)",
-    )
-    parser.add_argument(
-        "--skill-library", default=None, help="a family library folder (default: built)"
+        "--stage1-tasks", type=positive, default=None, help="with --model (default: all train)"
     )
     parser.add_argument("--out", default=None, help="default runs/compare[-ENV]")
     parser.add_argument(
@@ -163,7 +184,10 @@ def _named_model_job(args: argparse.Namespace) -> Any:
         env = get_env(args.env)
     except EnvSpecError as err:
         raise CommandError(str(err)) from None
-    games = {s: [str(t) for t in env.list_tasks(Path(args.games), s)] for s in SPLITS}
+    try:
+        games = {s: [str(t) for t in env.list_tasks(Path(args.games), s)] for s in SPLITS}
+    except (ValueError, FileNotFoundError) as err:
+        raise CommandError(f"--games {args.games}: {err}") from None
     if empty := [s for s in SPLITS if not games[s]]:
         raise CommandError(f"--games {args.games}: no tasks in split(s) {', '.join(empty)}")
     base_cfg = _recipe_config(args)
