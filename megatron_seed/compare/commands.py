@@ -30,13 +30,13 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from envs.spec import EnvSpecError, get_env
 from megatron_seed import recipes
 from megatron_seed.compare.job import apply_method, run_method_job
 from megatron_seed.compare.report import merge_summaries, phase_seconds, skill_rows, write_summary
 from megatron_seed.config import SeedConfig
 from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.methods import METHODS
+from megatron_seed.pipeline.commands_eval import env_spec, env_tasks
 
 # the tiny world's job (games, base policy, sizes), reached only when no --model is named
 TINY_WORLD_JOB = "megatron_seed.testbed.default_job:run_default_job"
@@ -180,14 +180,8 @@ def _named_model_job(args: argparse.Namespace) -> Any:
         raise CommandError("--model needs --games DIR (a task folder with train, seen, unseen)")
     if not (Path(args.model) / "config.json").is_file():
         raise CommandError(f"--model {args.model}: no config.json (an HF checkpoint folder)")
-    try:
-        env = get_env(args.env)
-    except EnvSpecError as err:
-        raise CommandError(str(err)) from None
-    try:
-        games = {s: [str(t) for t in env.list_tasks(Path(args.games), s)] for s in SPLITS}
-    except (ValueError, FileNotFoundError) as err:
-        raise CommandError(f"--games {args.games}: {err}") from None
+    env = env_spec(args.env)
+    games = {split: env_tasks(env, args.games, split) for split in SPLITS}
     if empty := [s for s in SPLITS if not games[s]]:
         raise CommandError(f"--games {args.games}: no tasks in split(s) {', '.join(empty)}")
     base_cfg = _recipe_config(args)
