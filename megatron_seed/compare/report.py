@@ -23,23 +23,29 @@ def family_columns(env: str = "alfworld") -> tuple[tuple[str, str], ...]:
     return get_env(env).report_columns
 
 
-def table(rows: dict[str, dict[str, Any]], split: str, env: str = "alfworld") -> str:
-    """Markdown table: one row per method, success (%) per family and the average."""
+def method_table(
+    rows: dict[str, list[str]], env: str = "alfworld", extra: tuple[str, ...] = ()
+) -> str:
+    """The Table-1 layout: one row per method (its cells: one per family column, the
+    average, then the ``extra`` columns), the environment's family columns."""
     columns = family_columns(env)
-    head = "| Method | " + " | ".join(c for _, c in columns) + " | Avg | Len |"
-    sep = "| --- |" + " ---: |" * (len(columns) + 2)
-    lines = [head, sep]
+    heads = [c for _, c in columns] + ["Avg", *extra]
+    lines = ["| Method | " + " | ".join(heads) + " |", "| --- |" + " ---: |" * len(heads)]
+    lines += [f"| {method} | " + " | ".join(cells) + " |" for method, cells in rows.items()]
+    return "\n".join(lines)
+
+
+def table(rows: dict[str, dict[str, Any]], split: str, env: str = "alfworld") -> str:
+    """Markdown table: one row per method, success (%) per family, the average and the mean
+    episode length."""
+    cells = {}
     for method, result in rows.items():
         r = result[split]
-        cells = [
-            f"{100 * r['per_family'][f]:.1f}" if f in r["per_family"] else "–" for f, _ in columns
-        ]
-        lines.append(
-            f"| {method} | "
-            + " | ".join(cells)
-            + f" | {100 * r['macro_avg']:.1f} | {r['episode_length']:.1f} |"
-        )
-    return "\n".join(lines)
+        cells[method] = [
+            f"{100 * r['per_family'][f]:.1f}" if f in r["per_family"] else "–"
+            for f, _ in family_columns(env)
+        ] + [f"{100 * r['macro_avg']:.1f}", f"{r['episode_length']:.1f}"]
+    return method_table(cells, env, extra=("Len",))
 
 
 def plot_curves(metrics_path: Path, out_png: Path) -> Path | None:
@@ -136,12 +142,10 @@ def cell(rates: list[float], episodes: list[int]) -> str:
 
 def compare_table(results: dict[str, list[dict]], split: str, env: str = "alfworld") -> str:
     """Success (%) per family and on average: mean over seeds, 95 % interval, episodes."""
-    columns = family_columns(env)
-    head = "| Method | " + " | ".join(c for _, c in columns) + " | Avg |"
-    lines = [head, "| --- |" + " ---: |" * (len(columns) + 1)]
+    rows = {}
     for method, runs in results.items():
         cells = []
-        for fam, _ in columns:
+        for fam, _ in family_columns(env):
             have = [r[split] for r in runs if fam in r[split]["per_family"]]
             rates = [r["per_family"][fam] for r in have]
             counts = [r.get("per_family_episodes", {}).get(fam, 0) for r in have]
@@ -149,8 +153,8 @@ def compare_table(results: dict[str, list[dict]], split: str, env: str = "alfwor
         cells.append(
             cell([r[split]["macro_avg"] for r in runs], [r[split]["episodes"] for r in runs])
         )
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows[method] = cells
+    return method_table(rows, env)
 
 
 def difference_lines(results: dict[str, list[dict]], split: str) -> list[str]:

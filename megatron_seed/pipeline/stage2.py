@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import Analysis, TrajectoryRecord, check_chat_template, write_jsonl
+from megatron_seed.pipeline.evaluate import summarize
 from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer, rollout_metrics
 
 
@@ -455,9 +456,8 @@ def evaluate(run: Run) -> dict[str, float]:
         return {}
     records, _ = session.play(session.tasks(run.job.eval_games), 1, session.sampling(True), -1)
     out = rollout_metrics(records, "evaluate")
-    for fam in sorted({r.family for r in records}):
-        rs = [r for r in records if r.family == fam]
-        out[f"evaluate/success_{fam}"] = sum(r.won for r in rs) / len(rs)
+    for fam, rate in summarize(records)["per_family"].items():
+        out[f"evaluate/success_{fam}"] = rate
     return out
 
 
