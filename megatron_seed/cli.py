@@ -15,7 +15,8 @@ import sys
 
 from megatron_seed.errors import CommandError
 
-# name -> (module, one-line help)
+# name -> (module, one-line help); only the default job's module is in the test bed
+DEFAULT_JOB = "run"
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("megatron_seed.models.commands_convert", "convert HF <-> Megatron checkpoints"),
     "init-model": (
@@ -30,9 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "megatron_seed.testbed.commands_run",
         "the default job: SEED end to end on this machine",
     ),
-    "compare": ("megatron_seed.testbed.commands_compare", "SEED vs GRPO at matched budgets"),
+    "compare": ("megatron_seed.compare.commands", "methods side by side at matched budgets"),
     "smoke": (
-        "megatron_seed.testbed.commands_smoke",
+        "megatron_seed.models.commands_smoke",
         "tiny real Megatron forward/backward/log-probs",
     ),
     "games": (
@@ -52,7 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "megatron_seed.pipeline.commands_train",
         "Stage 2: SEED with the fleet and the trainer",
     ),
-    "bench": ("megatron_seed.testbed.bench", "benchmarks (results written to a file)"),
+    "bench": ("megatron_seed.benchmarks.commands", "benchmarks (results written to a file)"),
     "launch": ("launch.commands", "launch a recipe locally or on Slurm with NeMo-Run"),
 }
 

@@ -80,17 +80,39 @@ class ModelShape:
     @property
     def params(self) -> int:
         """Parameter count (embeddings included once when tied)."""
-        q_out = self.heads * self.head_dim
-        kv_out = self.kv_heads * self.head_dim
-        attn = self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden
-        if self.qkv_bias:
-            attn += q_out + 2 * kv_out
-        if self.qk_norm:
-            attn += 2 * self.head_dim
-        mlp = 3 * self.hidden * self.ffn  # gate, up, down
-        norms = 2 * self.hidden
-        embed = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * (attn + mlp + norms) + embed + self.hidden
+        return param_count(
+            layers=self.layers, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
+            head_dim=self.head_dim, ffn=self.ffn, vocab=self.vocab, tied=self.tied_embeddings,
+            qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+        )  # fmt: skip
+
+
+def param_count(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    ffn: int,
+    vocab: int,
+    tied: bool,
+    qkv_bias: bool,
+    qk_norm: bool,
+) -> int:
+    """Parameters of a dense Qwen2/2.5/3 model (embeddings counted once when tied): the one
+    count behind `ModelShape.params` and `QwenSpec.num_params`."""
+    q_out = heads * head_dim
+    kv_out = kv_heads * head_dim
+    attn = hidden * (q_out + 2 * kv_out) + q_out * hidden
+    if qkv_bias:
+        attn += q_out + 2 * kv_out
+    if qk_norm:
+        attn += 2 * head_dim
+    mlp = 3 * hidden * ffn  # gate, up, down
+    norms = 2 * hidden
+    embed = vocab * hidden * (1 if tied else 2)
+    return layers * (attn + mlp + norms) + embed + hidden
 
 
 @dataclass(frozen=True)

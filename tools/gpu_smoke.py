@@ -102,7 +102,7 @@ def flops_per_token(spec, seq: int) -> float:
 def smoke_batch(tokenizer, seq: int, rows: int, multiple: int):
     """A SEED PolicyBatch of `rows` multi-turn sequences of about `seq` tokens (student and
     teacher rows), padded to the trainer's token multiple."""
-    from megatron_seed.testbed.synthetic import synthetic_records
+    from megatron_seed.benchmarks.synthetic import synthetic_records
     from megatron_seed.train.batch import build_policy_batch
 
     def batch(turns: int):

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from megatron_seed.recipes import param_count
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
 
 
@@ -117,13 +119,12 @@ class QwenSpec:
     @property
     def num_params(self) -> int:
         """Parameter count (embeddings counted once when tied)."""
-        h, f, d = self.hidden_size, self.intermediate_size, self.head_dim
-        q, kv = self.num_heads * d, self.num_kv_heads * d
-        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0)
-        attn += 2 * d if self.qk_norm else 0
-        layer = attn + 3 * h * f + 2 * h
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + h
+        return param_count(
+            layers=self.num_layers, hidden=self.hidden_size, heads=self.num_heads,
+            kv_heads=self.num_kv_heads, head_dim=self.head_dim, ffn=self.intermediate_size,
+            vocab=self.vocab_size, tied=self.tie_word_embeddings, qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+        )  # fmt: skip
 
 
 RECOMPUTE: dict[str, dict[str, Any]] = {

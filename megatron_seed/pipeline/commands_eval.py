@@ -224,18 +224,28 @@ def table(summary: dict, columns: tuple[tuple[str, str], ...]) -> str:
     return "\n".join(lines)
 
 
+def env_spec(name: str) -> Any:
+    """The environment ``name`` (`envs.spec`), or a one-line error."""
+    try:
+        return get_env(name)
+    except EnvSpecError as err:
+        raise CommandError(str(err)) from None
+
+
+def env_tasks(spec: Any, games: str, split: str | None) -> list[str]:
+    """The tasks of the folder ``games`` (one ``split``, None: all), or a one-line error."""
+    try:
+        return [str(t) for t in spec.list_tasks(Path(games), split)]
+    except (ValueError, FileNotFoundError) as err:
+        raise CommandError(f"--games {games}: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Play the policy, print the table, write ``--out``."""
     if args.episodes < 1:
         raise CommandError(f"--episodes must be at least 1, got {args.episodes}")
-    try:
-        spec = get_env(args.env)
-    except EnvSpecError as err:
-        raise CommandError(str(err)) from None
-    try:
-        tasks = [str(t) for t in spec.list_tasks(Path(args.games), args.split)]
-    except (ValueError, FileNotFoundError) as err:
-        raise CommandError(f"--games {args.games}: {err}") from None
+    spec = env_spec(args.env)
+    tasks = env_tasks(spec, args.games, args.split)
     if not tasks:
         raise CommandError(f"no {spec.name} tasks under {args.games}")
     cfg = eval_config(args, spec.name)

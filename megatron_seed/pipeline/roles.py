@@ -20,6 +20,7 @@ import torch
 
 from megatron_seed.data import Analysis, TrajectoryRecord, write_jsonl
 from megatron_seed.pipeline.collective import rank
+from megatron_seed.pipeline.evaluate import summarize
 from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer, rollout_metrics
 
 if TYPE_CHECKING:
@@ -244,9 +245,8 @@ class Leader(Follower):
         tasks = session.tasks(run.job.eval_games)
         records = session.play(tasks, 1, session.sampling(True), -1).records
         out = rollout_metrics(records, "evaluate")
-        for fam in sorted({r.family for r in records}):
-            rs = [r for r in records if r.family == fam]
-            out[f"evaluate/success_{fam}"] = sum(r.won for r in rs) / len(rs)
+        for fam, rate in summarize(records)["per_family"].items():
+            out[f"evaluate/success_{fam}"] = rate
         return out
 
     def stale_pairs(self, run: Run, records: list[TrajectoryRecord]) -> Any:

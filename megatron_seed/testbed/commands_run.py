@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from megatron_seed.compare.commands import add_job_arguments
 from megatron_seed.errors import output_dir
 from megatron_seed.methods import METHODS
 from megatron_seed.testbed import ENV
@@ -20,7 +21,7 @@ from megatron_seed.testbed.profiles import PROFILES
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("--quick", action="store_true", help="a smaller run (about 5 minutes)")
+    add_job_arguments(parser)
     parser.add_argument("--env", choices=sorted(PROFILES), default=ENV)
     parser.add_argument(
         "--out",
@@ -29,28 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--algo", choices=list(METHODS), default="seed")
-    parser.add_argument(
-        "--updates",
-        type=_positive,
-        default=None,
-        help="Stage-2 updates (default: the recipe's, 12 quick, 24 full)",
-    )
-    parser.add_argument(
-        "--eval-episodes",
-        type=_positive,
-        default=None,
-        help="sampled evaluation episodes per training game (default: 8 quick, 4 full)",
-    )
-    parser.add_argument(
-        "--skill-library", default=None, help="a family library folder (default: built)"
-    )
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

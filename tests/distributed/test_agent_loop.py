@@ -13,7 +13,7 @@ from megatron_seed.config import RolloutConfig
 from megatron_seed.data import Status
 from megatron_seed.data.sequences import build_sequences
 from megatron_seed.rollout.agent_loop import AgentLoop, Task
-from megatron_seed.testbed.scripted import ScriptedEngine, expert_policy, random_policy
+from tests.scripted import ScriptedEngine, expert_policy, random_policy
 
 ALFWORLD = get_env("alfworld")
 

@@ -263,11 +263,11 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
     -> sync -> engines wake their KV cache: neither side takes memory before the other has
     given it (the start-up's order: tests/unit/test_gpu_readiness.py)."""
     ray = ray_gpus
+    from megatron_seed.benchmarks.synthetic import synthetic_records
     from megatron_seed.config import SeedConfig
     from megatron_seed.pipeline import stage2
     from megatron_seed.pipeline.metrics import PhaseTimer
     from megatron_seed.pipeline.roles import Leader
-    from megatron_seed.testbed.synthetic import synthetic_records
 
     recorder = ray.remote(Recorder).options(name="colocation-events").remote()
     fleet = _fleet(model_dir, tmp_path, extra={"fake_recorder": "colocation-events"})

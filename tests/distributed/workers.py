@@ -11,8 +11,8 @@ import torch
 def _setup(hf_dir, tok_dir, tp, pp, cfg, **records_kw):
     from transformers import AutoTokenizer
 
+    from megatron_seed.benchmarks.synthetic import synthetic_records
     from megatron_seed.models.parallel import init_parallel
-    from megatron_seed.testbed.synthetic import synthetic_records
     from megatron_seed.train.batch import build_policy_batch
     from megatron_seed.train.trainer import SeedTrainer
 
@@ -334,7 +334,7 @@ def _full_grads(model):
 def mixed_length_records(tok):
     """Short (1-turn) and long (4-turn) episodes; every other record has a valid skill, so
     the teachers are the longest sequences."""
-    from megatron_seed.testbed.synthetic import synthetic_records
+    from megatron_seed.benchmarks.synthetic import synthetic_records
 
     records = []
     for seed, turns in enumerate((1, 4)):
@@ -397,7 +397,7 @@ def replay_update_and_grads(hf_dir, tok_dir, tp, pp, cfg):
 
     from transformers import AutoTokenizer
 
-    from megatron_seed.testbed.synthetic import synthetic_records
+    from megatron_seed.benchmarks.synthetic import synthetic_records
     from megatron_seed.train.batch import build_policy_batch
     from megatron_seed.train.trainer import SeedTrainer
 

@@ -23,7 +23,7 @@ from launch.local_cluster import (
     kill_node,
     up,
 )
-from megatron_seed.testbed.rehearsal import finish, launch_tiny, steps, wait_for_update
+from launch.rehearsal import finish, launch_two_nodes, steps, wait_for_update
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="Slurm rehearsal: Linux"
@@ -99,7 +99,7 @@ def test_a_lost_node_fails_fast_and_the_rerun_resumes_across_both_nodes(
     across both nodes (one trainer rank, one engine and one env worker on each) and
     completes."""
     out, jobs, since = tmp_path / "out", tmp_path / "jobs", time.time()
-    proc = launch_tiny(cluster, world, jobs, out)
+    proc = launch_two_nodes(cluster, world, jobs, out)
     wait_for_update(out, proc)  # update 1 is done, update 2 runs
     killed = kill_node(cluster, "n2")
     lost_at = time.monotonic()
@@ -114,7 +114,7 @@ def test_a_lost_node_fails_fast_and_the_rerun_resumes_across_both_nodes(
 
     up(cluster)  # the node comes back
     since = time.time()
-    code, output, job_id, logs = _finish(launch_tiny(cluster, world, jobs, out), 600)
+    code, output, job_id, logs = _finish(launch_two_nodes(cluster, world, jobs, out), 600)
     assert code == 0, output[-4000:]
     assert f"job {job_id} COMPLETED" in output
     assert steps(out) == [1, 2]  # resumed after update 1: nothing duplicated, nothing missing

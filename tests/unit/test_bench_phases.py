@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_seed.testbed.bench_phases import VARIANTS, summarize
+from megatron_seed.benchmarks.phases import VARIANTS, summarize
 
 
 def _row(rollout: float, analyze: float, train: float, **extra: float) -> dict[str, float]:
@@ -77,10 +77,11 @@ def test_an_extra_variant_is_compared_with_its_method_and_with_grpo():
 def test_a_second_bench_in_the_same_folder_starts_its_runs_afresh(tmp_path, monkeypatch):
     """Each variant's Stage-2 run resumes its own checkpoint between rounds; a run left by
     an earlier bench must not: its metrics rows would be read as this bench's."""
+    import megatron_seed.compare.job as compare_job
     import megatron_seed.models.parallel as parallel
     import megatron_seed.testbed.base_policy as base_policy
     import megatron_seed.testbed.default_job as default_job
-    from megatron_seed.testbed.bench_phases import run_phases
+    from megatron_seed.benchmarks.phases import run_phases
 
     class Fleet:
         address = "fleet"
@@ -104,9 +105,9 @@ def test_a_second_bench_in_the_same_folder_starts_its_runs_afresh(tmp_path, monk
 
     monkeypatch.setattr(base_policy, "build_base_policy", lambda work, **kw: work)
     monkeypatch.setattr(default_job, "_games", lambda *a: {"train": ["g0", "g1"]})
-    monkeypatch.setattr(default_job, "_stage1", lambda *a: tmp_path / "init")
-    monkeypatch.setattr(default_job, "_ray_init", lambda: None)
-    monkeypatch.setattr(default_job, "JobFleet", Fleet)
+    monkeypatch.setattr(compare_job, "run_stage1", lambda *a: tmp_path / "init")
+    monkeypatch.setattr(compare_job, "ray_init", lambda: None)
+    monkeypatch.setattr(compare_job, "JobFleet", Fleet)
     monkeypatch.setattr(parallel, "spawn", fake_run)
     stale = tmp_path / "stage2" / "grpo-sync" / "metrics.jsonl"  # an earlier bench's run
     stale.parent.mkdir(parents=True)

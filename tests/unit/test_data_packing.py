@@ -128,7 +128,7 @@ def test_bad_input_fails_loud() -> None:
 def test_mixed_length_seed_batch_packs_with_little_padding(tiny_tokenizer) -> None:
     """Students and their longer teachers, short and long episodes: packed rows waste
     under 5 % of their tokens, right-padded rows several times more."""
-    from megatron_seed.testbed.synthetic import synthetic_records
+    from megatron_seed.benchmarks.synthetic import synthetic_records
     from megatron_seed.train.batch import build_policy_batch
 
     records = []

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from megatron_seed.benchmarks.synthetic import annotated_record as _record
+from megatron_seed.compare.report import time_table
 from megatron_seed.pipeline.roles import library_skills
-from megatron_seed.testbed.commands_compare import time_table
 from megatron_seed.testbed.default_job import QUICK, job_config, method_of
-from megatron_seed.testbed.synthetic import annotated_record as _record
 
 
 def test_methods_decide_stage1_and_opd():
@@ -82,7 +82,7 @@ def test_each_environment_brings_its_sizes_and_limits():
 def test_skill_table_averages_each_update_over_seeds(tmp_path):
     import json
 
-    from megatron_seed.testbed.commands_compare import skill_rows, skill_table
+    from megatron_seed.compare.report import skill_rows, skill_table
 
     def run(name, valid, degenerate=None):
         path = tmp_path / f"{name}.jsonl"

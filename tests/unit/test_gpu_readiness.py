@@ -159,8 +159,8 @@ def test_seed_train_asked_for_cuda_on_a_cpu_machine_is_one_line(tmp_path, capsys
     [(None, 1), ("delayed", 16), ("tensorwise", 16), ("mxfp8", 32), ("blockwise", 128)],
 )
 def test_fp8_pads_student_and_teacher_batches_to_the_recipe_block(recipe, block, tiny_tokenizer):
+    from megatron_seed.benchmarks.synthetic import synthetic_records
     from megatron_seed.models.fp8 import seq_multiple
-    from megatron_seed.testbed.synthetic import synthetic_records
     from megatron_seed.train.batch import build_policy_batch
 
     assert seq_multiple(recipe) == block

@@ -5,10 +5,15 @@ outside `envs/alfworld/` imports ALFWorld code or knows its task marker."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from megatron_seed.cli import COMMANDS, DEFAULT_JOB
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = ("megatron_seed", "envs", "launch")
@@ -36,28 +41,62 @@ def _python_importing(modules: list[str], code: str) -> subprocess.CompletedProc
     )
 
 
-def test_the_library_never_imports_the_test_bed() -> None:
+def _loads_test_bed(modules: dict[str, str]) -> list[str]:
+    """The keys of ``modules`` (label -> module) whose import, in a fresh process one after
+    another, loads a module of the test bed."""
+    code = (
+        "import importlib, json, sys\n"
+        "bad = []\n"
+        f"for label, module in {modules!r}.items():\n"
+        "    importlib.import_module(module)\n"
+        "    if any(m.startswith('megatron_seed.testbed') for m in sys.modules):\n"
+        "        bad.append(label)\n"
+        "        for m in [m for m in sys.modules if m.startswith('megatron_seed.testbed')]:\n"
+        "            del sys.modules[m]\n"
+        "print(json.dumps(bad))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def into_test_bed() -> list[str]:
+    """Every `seed` command's module but the default job's (labelled ``seed NAME``), then
+    every library module outside the test bed: those that load the test bed."""
+    commands = {f"seed {n}": m for n, (m, _) in COMMANDS.items() if n != DEFAULT_JOB}
+    library = {name: name for name in _modules("megatron_seed.testbed")}
+    return _loads_test_bed({**commands, **library})
+
+
+def test_the_library_never_imports_the_test_bed(into_test_bed: list[str]) -> None:
     modules = _modules("megatron_seed.testbed")
     assert "megatron_seed.pipeline.stage2" in modules and len(modules) > 50
-    proc = _python_importing(
-        modules,
-        "bad = sorted(m for m in sys.modules if m.startswith('megatron_seed.testbed'))\n"
-        "print(len(sys.modules), bad)\n"
-        "sys.exit(1 if bad else 0)\n",
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert into_test_bed == []
 
 
-def test_the_checker_sees_a_test_bed_import(tmp_path: Path) -> None:
-    """The same check fails for a module that does import the test bed."""
-    bad = tmp_path / "bad_module.py"
-    bad.write_text("import megatron_seed.testbed.tiny\n")
-    code = (
-        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import bad_module\n"
-        "sys.exit(1 if any(m.startswith('megatron_seed.testbed') for m in sys.modules) else 0)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=300)
-    assert proc.returncode == 1
+def test_no_command_but_the_default_job_lives_in_the_test_bed(into_test_bed: list[str]) -> None:
+    """`seed compare`, `seed bench`, `seed smoke`, ...: product code; `seed run` alone is
+    the test bed's (the routing table names each command's module)."""
+    assert COMMANDS[DEFAULT_JOB][0].startswith("megatron_seed.testbed.")
+    assert {"compare", "bench", "smoke", "train", "eval"} <= set(COMMANDS)
+    assert [label for label in into_test_bed if label.startswith("seed ")] == []
+
+
+def test_the_checker_sees_a_test_bed_import(tmp_path: Path, monkeypatch) -> None:
+    """The same check names the command and the module that do import the test bed, and
+    only those."""
+    (tmp_path / "bad_module.py").write_text("import megatron_seed.testbed.tiny\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{REPO}")
+    modules = {
+        "seed games": "megatron_seed.pipeline.commands_games",
+        "seed run": COMMANDS[DEFAULT_JOB][0],
+        "seed compare": "megatron_seed.compare.commands",
+        "bad": "bad_module",
+    }
+    assert _loads_test_bed(modules) == ["seed run", "bad"]
 
 
 ALFWORLD_IMPORT = re.compile(
@@ -174,7 +213,7 @@ def test_training_and_the_sft_sequences_never_import_the_rollout_side() -> None:
     assert "megatron_seed.train.trainer" in train
     code = (
         "from megatron_seed.pipeline.stage1 import sft_sequence\n"
-        "from megatron_seed.testbed.synthetic import annotated_record\n"
+        "from megatron_seed.benchmarks.synthetic import annotated_record\n"
         "from megatron_seed.testbed.tokenizer import build_tokenizer\n"
         "tok = build_tokenizer(['hello world'], 300)\n"
         "record = annotated_record('g', True, 'open the drawer before taking the key')\n"

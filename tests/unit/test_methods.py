@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from megatron_seed.benchmarks.synthetic import annotated_record
 from megatron_seed.config import AlgoConfig, SeedConfig, SkillConfig
 from megatron_seed.data import write_jsonl
 from megatron_seed.errors import CommandError
@@ -24,7 +25,6 @@ from megatron_seed.skills.library import (
     per_game_library,
     plan_text,
 )
-from megatron_seed.testbed.synthetic import annotated_record
 
 TABLE_1 = [
     "vanilla", "skill-prompt", "grpo", "skill-grpo", "opsd", "grpo-opsd", "skill-sd", "rlsd",

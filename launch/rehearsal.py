@@ -1,10 +1,11 @@
 """Rehearse the multi-node path on this machine and measure it.
 
-    python -m megatron_seed.testbed.rehearsal DIR [--skip-node-loss]
+    python -m launch.rehearsal DIR [--skip-node-loss] [--world W --recipe NAME]
 
-Brings up a two-node Slurm cluster in DIR (`launch.local_cluster`), writes the tiny world,
-runs `seed launch tiny --executor slurm --nodes 2 --wait` (one trainer rank and one engine per
-node), then the same with node n2 killed during update 2 and the rerun that resumes, and
+Brings up a two-node Slurm cluster in DIR (`launch.local_cluster`), takes a world (W/model,
+an HF checkpoint, and W/games, its tasks; default: the test bed's tiny world written to
+DIR/world), runs `seed launch RECIPE --executor slurm --nodes 2 --wait` (default recipe
+tiny: one trainer rank and one engine per node), then the same with node n2 killed during update 2 and the rerun that resumes, and
 stops the cluster. Prints what each component took to start, the seconds per phase of each
 update, and the failure's detection time; writes them to DIR/rehearsal.json.
 """
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.local_cluster import LocalCluster, down, kill_node, up
-from megatron_seed.testbed.tiny_world import make_tiny_world
 
 SUBMITTED = re.compile(r"submitted job (\d+) \(experiment \S+; logs in (\S+)\)")
 # lines the job writes (launch.ray_health, megatron_seed.pipeline.stage2, launch.follow)
@@ -50,8 +50,11 @@ class Finished:
     wall_s: float
 
 
-def launch_tiny(cluster: LocalCluster, world: Path, job_dir: Path, out: Path) -> subprocess.Popen:
-    """Start `seed launch tiny --executor slurm --nodes 2 --wait` on the cluster."""
+def launch_two_nodes(
+    cluster: LocalCluster, world: Path, job_dir: Path, out: Path, recipe: str = "tiny"
+) -> subprocess.Popen:
+    """Start `seed launch RECIPE --executor slurm --nodes 2 --wait` on the cluster with the
+    world's model and games."""
     bin_dir = Path(sys.executable).parent
     env = {
         **cluster.env(),
@@ -61,7 +64,7 @@ def launch_tiny(cluster: LocalCluster, world: Path, job_dir: Path, out: Path) ->
         "SEED_OUT_DIR": str(out),
     }
     argv = [
-        sys.executable, "-m", "megatron_seed.cli", "launch", "tiny", "--executor", "slurm",
+        sys.executable, "-m", "megatron_seed.cli", "launch", recipe, "--executor", "slurm",
         "--nodes", "2", "--wait", "--job-dir", str(job_dir),
         "--env-setup", f"export PATH={bin_dir}:$PATH",
     ]  # fmt: skip
@@ -126,23 +129,31 @@ def measure(run: Finished, out: Path) -> dict[str, object]:
     return found
 
 
-def rehearse(root: Path, node_loss: bool = True) -> dict[str, object]:
-    """The whole rehearsal; returns (and writes) the measurements."""
+def rehearse(
+    root: Path, node_loss: bool = True, world: Path | None = None, recipe: str = "tiny"
+) -> dict[str, object]:
+    """The whole rehearsal of ``recipe`` on ``world`` (W/model, W/games; default the test
+    bed's tiny world under ROOT/world); returns (and writes) the measurements."""
+    if world is None:
+        from megatron_seed.testbed.tiny_world import make_tiny_world  # the default world only
+
+        world = make_tiny_world(root / "world")
+    if not (world / "model").is_dir() or not (world / "games").is_dir():
+        raise FileNotFoundError(f"a world needs {world}/model and {world}/games")
     cluster = LocalCluster(root / "cluster")
     t = time.monotonic()
     up(cluster)
     result: dict[str, object] = {"cluster_up_s": round(time.monotonic() - t, 1)}
     try:
-        world = make_tiny_world(root / "world")
         out = root / "out-clean"
         t = time.monotonic()
-        run = finish(launch_tiny(cluster, world, root / "jobs", out), 900, t)
+        run = finish(launch_two_nodes(cluster, world, root / "jobs", out, recipe), 900, t)
         result["clean"] = measure(run, out)
         print(f"clean run: exit {run.code} in {run.wall_s:.0f} s", flush=True)
         if node_loss:
             out = root / "out-node-loss"
             t = time.monotonic()
-            proc = launch_tiny(cluster, world, root / "jobs", out)
+            proc = launch_two_nodes(cluster, world, root / "jobs", out, recipe)
             wait_for_update(out, proc)
             lost = time.monotonic()
             kill_node(cluster, "n2")
@@ -159,7 +170,7 @@ def rehearse(root: Path, node_loss: bool = True) -> dict[str, object]:
             up(cluster)
             result["node_back_s"] = round(time.monotonic() - t, 1)
             t = time.monotonic()
-            run = finish(launch_tiny(cluster, world, root / "jobs", out), 900, t)
+            run = finish(launch_two_nodes(cluster, world, root / "jobs", out, recipe), 900, t)
             result["resumed"] = {**measure(run, out), "steps": steps(out)}
             print(f"resumed run: exit {run.code} in {run.wall_s:.0f} s", flush=True)
     finally:
@@ -170,12 +181,16 @@ def rehearse(root: Path, node_loss: bool = True) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the rehearsal in DIR and print its measurements."""
-    parser = argparse.ArgumentParser(prog="python -m megatron_seed.testbed.rehearsal", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m launch.rehearsal", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("dir")
     parser.add_argument("--skip-node-loss", action="store_true")
+    parser.add_argument("--world", default=None, help="W/model + W/games (default: tiny)")
+    parser.add_argument("--recipe", default="tiny", help="the recipe `seed launch` runs")
     args = parser.parse_args(argv)
-    result = rehearse(Path(args.dir).resolve(), node_loss=not args.skip_node_loss)
+    world = Path(args.world).resolve() if args.world else None
+    root = Path(args.dir).resolve()
+    result = rehearse(root, not args.skip_node_loss, world, args.recipe)
     print(json.dumps(result, indent=2))
     return 0
 

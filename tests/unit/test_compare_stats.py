@@ -1,4 +1,4 @@
-"""The comparison's intervals (`testbed.stats`) against hand-computed values, and the cells
+"""The comparison's intervals (`compare.stats`) against hand-computed values, and the cells
 and difference lines of `seed compare` built from them."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from megatron_seed.testbed.commands_compare import cell, compare_table, difference_lines
-from megatron_seed.testbed.stats import paired_difference, t95, t_interval, wilson
+from megatron_seed.compare.report import cell, compare_table, difference_lines
+from megatron_seed.compare.stats import paired_difference, t95, t_interval, wilson
 
 
 def test_t_quantiles_are_the_tables():
@@ -79,7 +79,7 @@ def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
     import json
 
     from megatron_seed.cli import main
-    from megatron_seed.testbed.commands_compare import merge_summaries
+    from megatron_seed.compare.report import merge_summaries
 
     def result(avg: float) -> dict:
         split = {"macro_avg": avg, "episodes": 48, "per_family": {"pick": avg}}
@@ -105,3 +105,47 @@ def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
     assert "- SEED − GRPO: +25.0 ± 0.0 points" in text  # the same gain on both seeds
     with pytest.raises(FileNotFoundError):
         merge_summaries([tmp_path / "nothing"])
+
+
+def test_compare_runs_a_named_model_recipe_and_environment(tmp_path, monkeypatch):
+    """`seed compare --model DIR --games DIR --recipe R --env E`: every (method, seed) job
+    starts from that model on those tasks with the recipe's config and the method's changes,
+    the seed's base evaluation and library shared; the table comes from their evaluations."""
+    import megatron_seed.compare.commands as commands
+    from envs.spec import get_env
+    from megatron_seed.cli import main
+
+    games = tmp_path / "games"
+    for split in ("train", "seen", "unseen"):
+        get_env("sokoban").generate_tasks(games, split, 2, 0)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    calls = []
+
+    def fake_job(out, base, tasks, cfg, algo, **kw):
+        calls.append((out, base, tasks, cfg, algo, kw))
+        rate = {"grpo": 0.5, "vanilla": 0.25}[algo]
+        split = {"macro_avg": rate, "episodes": 2, "per_family": {"medium": rate}}
+        split["per_family_episodes"] = {"medium": 2}
+        evals = {"Base (Vanilla)": {s: split for s in ("seen", "unseen", "train")}}
+        if algo == "grpo":
+            evals["GRPO"] = evals["Base (Vanilla)"]
+        return {"evaluations": evals, "facts": {}}
+
+    monkeypatch.setattr(commands, "run_method_job", fake_job)
+    out = tmp_path / "cmp"
+    argv = ["compare", "--model", str(model), "--games", str(games), "--env", "sokoban"]
+    argv += ["--recipe", "default-quick", "--methods", "grpo", "vanilla", "--seeds", "3"]
+    assert main([*argv, "--updates", "2", "--out", str(out)]) == 0
+    assert [c[4] for c in calls] == ["grpo", "vanilla"]
+    (o, base, tasks, cfg, _, kw), vanilla = calls[0], calls[1]
+    assert o == out / "grpo-seed3" and base == model and len(tasks["seen"]) == 2
+    assert cfg.env.name == "sokoban" and cfg.seed == 3 and cfg.updates == 2
+    assert not cfg.algo.use_opd and vanilla[3].algo.use_opd  # GRPO's change, not the base's
+    assert kw["base_root"] == out / "base-seed3" and kw["stage1_tasks"] == 2
+    assert (
+        "# Base (Vanilla) vs GRPO on sokoban (recipe default-quick"
+        in (out / "compare.md").read_text()
+    )
+    assert main(["compare", "--model", str(model), "--games", str(tmp_path / "none")]) == 2

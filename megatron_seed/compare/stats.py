@@ -1,4 +1,4 @@
-"""Uncertainty of the test bed's comparisons: 95 % intervals and "is it distinguishable?".
+"""Uncertainty of comparisons: 95 % intervals and "is it distinguishable?".
 
 - ``t_interval(values)``: mean over seeds and the half-width of Student's t interval,
   ``t_{0.975, n-1} * s / sqrt(n)`` with ``s`` the sample (n - 1) standard deviation.
@@ -9,8 +9,8 @@
   paired interval is the honest one; a difference whose interval holds 0 is marked as not
   distinguishable from noise.
 
-The t quantiles are tabulated (two-sided 95 %, from the standard tables) so that the test bed
-needs no statistics package.
+The t quantiles are tabulated (two-sided 95 %, from the standard tables) so that comparisons
+need no statistics package.
 """
 
 from __future__ import annotations

@@ -66,16 +66,11 @@ def run_phases(
     variant keeps sampling from theta_sft (the same work per update, and the same policy:
     without it each variant's policy drifts its own way from the second update on, and
     with it the lengths of its episodes and skills)."""
+    from megatron_seed.compare.job import JobFleet, ray_init, run_stage1
     from megatron_seed.models.parallel import spawn
     from megatron_seed.pipeline.stage2 import Stage2Job, run_stage2
     from megatron_seed.testbed.base_policy import build_base_policy
-    from megatron_seed.testbed.default_job import (
-        JobFleet,
-        _games,
-        _ray_init,
-        _stage1,
-        job_config,
-    )
+    from megatron_seed.testbed.default_job import _games, job_config
     from megatron_seed.testbed.profiles import profile
 
     size = profile(ENV).size(True)
@@ -92,7 +87,7 @@ def run_phases(
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     try:
         stage1_games = games["train"][: size.stage1_tasks]
-        init = _stage1(work / "stage1-job", base, stage1_games, size, cfg, fleet)
+        init = run_stage1(work / "stage1-job", base, stage1_games, cfg, fleet)
         # the Stage-2 runs start afresh: an earlier bench's run would resume, and its
         # metrics rows would be read as this one's
         shutil.rmtree(work / "stage2", ignore_errors=True)
@@ -111,7 +106,7 @@ def run_phases(
                     games=games["train"],
                     out_dir=str(out),
                     cfg=vcfg,
-                    ray_address=_ray_init(),
+                    ray_address=ray_init(),
                     fleet_address=fleet.get().address,
                 )
                 spawn(run_stage2, 1, job)

@@ -1,64 +1,128 @@
-"""`seed compare [--quick] [--env NAME] [--seeds 0 1 2] [--methods ...] [--out DIR]`: methods
-side by side, same budget.
+"""Reports of runs and comparisons, laid out like the paper's Table 1 (the environment's
+columns: ALFWorld's six families, search-QA's seven datasets, ...).
 
-Each (method, seed) is one default job (`seed run`) in its own folder; the base policy (and
-its evaluation), the games and the family skill library of a seed are shared by the methods,
-so they start from the same place and see the same tasks, skills and evaluation draws. The
-methods are `megatron_seed.methods`' (every row of the paper's Table 1, its Table-2
-ablations, seed-replay); the baselines start from the base policy, SEED from its own Stage-1
-SFT. A method evaluated with skills adds its starred row. The side-by-side table goes to
-OUT/compare.md and OUT/compare.json; re-running resumes. `--merge DIR ...` runs nothing and
-writes one table from earlier comparisons' compare.json (seeds run apart, e.g. one per
-machine or session).
-
-Every cell is the mean over seeds with its 95 % interval (`testbed.stats`: Student's t over
-seeds; with one seed, Wilson's interval over that seed's episodes) and the number of episodes
-behind it. Each method's average is compared with the reference method's (GRPO, else the last
-one) seed by seed: a paired difference whose interval holds 0 is marked "~" (not
-distinguishable from noise).
+A run's report (OUT/report.md: one row per evaluated model, training curves, the facts) and a
+comparison's (OUT/compare.md + compare.json: each cell the mean over seeds with its 95 %
+interval from `compare.stats`, paired differences to the reference method, per-phase
+seconds, the analyzer's skill rates).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from envs.spec import DEFAULT_ENV
-from megatron_seed.errors import output_dir
-from megatron_seed.methods import METHODS
-from megatron_seed.testbed.profiles import PROFILES
-from megatron_seed.testbed.report import family_columns
-from megatron_seed.testbed.stats import paired_difference, t_interval, wilson
+from envs.spec import DEFAULT_ENV, get_env
+from megatron_seed.compare.stats import paired_difference, t_interval, wilson
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Command-line flags."""
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--env", choices=sorted(PROFILES), default=DEFAULT_ENV)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument(
-        "--methods",
-        nargs="+",
-        default=["seed", "grpo"],
-        choices=list(METHODS),
-        metavar="METHOD",
-        help="any of: " + ", ".join(METHODS) + " (megatron_seed/methods.py; default: seed grpo)",
-    )
-    parser.add_argument(
-        "--skill-library", default=None, help="a family library folder (default: built)"
-    )
-    parser.add_argument("--out", default=None, help="default runs/compare[-ENV]")
-    parser.add_argument(
-        "--merge",
-        nargs="+",
-        default=None,
-        metavar="DIR",
-        help="run nothing: merge the compare.json of earlier comparisons (each its own "
-        "seeds, e.g. one seed per session) into one table in --out",
-    )
+def family_columns(env: str = DEFAULT_ENV) -> tuple[tuple[str, str], ...]:
+    """(family, label) columns of the environment's report (ALFWorld: the paper's Table 1)."""
+    return get_env(env).report_columns
+
+
+def method_table(
+    rows: dict[str, list[str]], env: str = DEFAULT_ENV, extra: tuple[str, ...] = ()
+) -> str:
+    """The Table-1 layout: one row per method (its cells: one per family column, the
+    average, then the ``extra`` columns), the environment's family columns."""
+    columns = family_columns(env)
+    heads = [c for _, c in columns] + ["Avg", *extra]
+    lines = ["| Method | " + " | ".join(heads) + " |", "| --- |" + " ---: |" * len(heads)]
+    lines += [f"| {method} | " + " | ".join(cells) + " |" for method, cells in rows.items()]
+    return "\n".join(lines)
+
+
+def table(rows: dict[str, dict[str, Any]], split: str, env: str = DEFAULT_ENV) -> str:
+    """Markdown table: one row per method, success (%) per family, the average and the mean
+    episode length."""
+    cells = {}
+    for method, result in rows.items():
+        r = result[split]
+        cells[method] = [
+            f"{100 * r['per_family'][f]:.1f}" if f in r["per_family"] else "–"
+            for f, _ in family_columns(env)
+        ] + [f"{100 * r['macro_avg']:.1f}", f"{r['episode_length']:.1f}"]
+    return method_table(cells, env, extra=("Len",))
+
+
+def plot_curves(metrics_path: Path, out_png: Path) -> Path | None:
+    """Success, episode length, OPD loss and gate statistics per update."""
+    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("rollout/success", "rollout success"),
+        ("rollout/episode_length", "episode length"),
+        ("train/loss/opd", "OPD loss"),
+        ("train/opd/gate_mean", "gate mean"),
+        ("train/opd/frac_delta_pos", "fraction Δ > 0"),
+        ("analyze/valid_rate", "skill validity"),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+    steps = [r["step"] for r in rows]
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
+        ys = [r.get(key) for r in rows]
+        if any(y is not None for y in ys):
+            ax.plot(steps, [float("nan") if y is None else y for y in ys], marker="o")
+        ax.set_title(title)
+        ax.set_xlabel("update")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png
+
+
+def write_report(
+    out_dir: Path,
+    evaluations: dict[str, dict],
+    facts: dict[str, Any],
+    env: str = DEFAULT_ENV,
+    title: str | None = None,
+) -> Path:
+    """OUT/report.md (+ curves.png) from the evaluations and the run's facts; ``title``: the
+    environment's name in the headings (default ``env``)."""
+    out_dir = Path(out_dir)
+    png = None
+    metrics = out_dir / "stage2" / "metrics.jsonl"
+    if metrics.is_file():
+        png = plot_curves(metrics, out_dir / "curves.png")
+    lines = ["# megatron-seed default job: report", ""]
+    lines += [f"- {k}: {json.dumps(v) if isinstance(v, dict) else v}" for k, v in facts.items()]
+    lines += [
+        "",
+        "Success rate (%) without skills at evaluation (rows marked * play with the skill "
+        "library's text in every prompt); Len = mean episode length (steps).",
+        "",
+    ]
+    name = title or env
+    titles = {
+        "seen": f"{name} (seen)",
+        "unseen": f"{name} (unseen)",
+        "train": "Stage-2 training games",
+    }
+    for split, title in titles.items():
+        if all(split in r for r in evaluations.values()):
+            decoding = next(iter(evaluations.values()))[split].get("decoding", "greedy")
+            lines += [f"## {title} ({decoding})", "", table(evaluations, split, env), ""]
+    if png is not None:
+        lines += ["## Training curves (Stage 2)", "", "![curves](curves.png)", ""]
+    lines += [
+        "Files: `stage2/metrics.jsonl` (every update), `stage2/config.json` (the exact "
+        "config), `stage1/annotated.jsonl`, `eval.json`.",
+        "",
+    ]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
 
 
 def cell(rates: list[float], episodes: list[int]) -> str:
@@ -78,12 +142,10 @@ def cell(rates: list[float], episodes: list[int]) -> str:
 
 def compare_table(results: dict[str, list[dict]], split: str, env: str = DEFAULT_ENV) -> str:
     """Success (%) per family and on average: mean over seeds, 95 % interval, episodes."""
-    columns = family_columns(env)
-    head = "| Method | " + " | ".join(c for _, c in columns) + " | Avg |"
-    lines = [head, "| --- |" + " ---: |" * (len(columns) + 1)]
+    rows = {}
     for method, runs in results.items():
         cells = []
-        for fam, _ in columns:
+        for fam, _ in family_columns(env):
             have = [r[split] for r in runs if fam in r[split]["per_family"]]
             rates = [r["per_family"][fam] for r in have]
             counts = [r.get("per_family_episodes", {}).get(fam, 0) for r in have]
@@ -91,8 +153,8 @@ def compare_table(results: dict[str, list[dict]], split: str, env: str = DEFAULT
         cells.append(
             cell([r[split]["macro_avg"] for r in runs], [r[split]["episodes"] for r in runs])
         )
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows[method] = cells
+    return method_table(rows, env)
 
 
 def difference_lines(results: dict[str, list[dict]], split: str) -> list[str]:
@@ -191,51 +253,6 @@ def merge_summaries(paths: list[Path]) -> dict[str, Any]:
                 merged[key].setdefault(label, []).extend(runs)
         merged["seeds"].extend(summary.get("seeds", []))
     return merged
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run every (method, seed) job (or `--merge` earlier ones), then write the side-by-side
-    table."""
-    out = output_dir(
-        args.out or ("runs/compare" + ("" if args.env == DEFAULT_ENV else f"-{args.env}"))
-    )
-    if args.merge:
-        merged = merge_summaries([Path(p) for p in args.merge])
-        seeds = merged["seeds"] or args.merge
-        summary = (merged["results"], merged["seconds"], merged["skills"])
-        return write_summary(out, *summary, args.env, "quick" if args.quick else "full", seeds)
-    from megatron_seed.testbed.default_job import run_default_job
-
-    results: dict[str, list[dict]] = {}
-    seconds: dict[str, list[dict[str, float]]] = {}
-    skills: dict[str, list[list[dict[str, float]]]] = {}
-    baseline: list[dict] = []
-    for seed in args.seeds:
-        for method in args.methods:
-            job = run_default_job(
-                out / f"{method}-seed{seed}",
-                quick=args.quick,
-                seed=seed,
-                algo=method,
-                base_dir=out / f"base-seed{seed}",
-                games_dir=out / f"games-seed{seed}",
-                env=args.env,
-                library_dir=out / f"library-seed{seed}",
-                user_library=args.skill_library,
-            )
-            evals = job["evaluations"]
-            for label, result in evals.items():
-                if label not in ("Base (Vanilla)", "Stage-1 SFT"):
-                    results.setdefault(label, []).append(result)
-            metrics = out / f"{method}-seed{seed}" / "stage2" / "metrics.jsonl"
-            if metrics.is_file():
-                seconds.setdefault(METHODS[method].label, []).append(phase_seconds(metrics))
-                skills.setdefault(METHODS[method].label, []).append(skill_rows(metrics))
-            if method == args.methods[0]:
-                baseline.append(evals["Base (Vanilla)"])
-    results = {"Base (Vanilla)": baseline, **results}
-    size = "quick" if args.quick else "full"
-    return write_summary(out, results, seconds, skills, args.env, size, list(args.seeds))
 
 
 def write_summary(

@@ -1,4 +1,4 @@
-"""`seed bench scoring|attention|memory`: what scoring, the teacher pass, attention and the
+"""`seed bench scoring|attention|memory|phases|sync`: what scoring, the teacher pass, attention and the
 output layer cost.
 
 `scoring`:
@@ -14,10 +14,11 @@ output layer cost.
     several sequence lengths, interleaved rounds, medians, ratios and the largest NLL and
     gradient differences.
 `memory`: peak memory of a log-prob pass and a train step at a real vocabulary, 1k-8k tokens,
-    chunked and whole output layer (`testbed.bench_memory`).
+    chunked and whole output layer (`benchmarks.memory`).
 `phases`: SEED vs GRPO updates on the quick job's world, turn-synchronous and overlapped
     phases (`rollout.overlap`), interleaved rounds, per-phase medians and ratios
-    (`testbed.bench_phases`).
+    (`benchmarks.phases`).
+`sync`: the rollout fleet's weight-sync cost and rollout throughput (`benchmarks.sync`).
 Results go to a JSON file (default bench/WHAT.json) and are printed.
 """
 
@@ -32,11 +33,13 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("what", choices=["scoring", "attention", "memory", "phases"])
+    parser.add_argument("what", choices=["scoring", "attention", "memory", "phases", "sync"])
     parser.add_argument("--out", default=None, help="results file (default bench/WHAT.json)")
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--trajectories", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3, help="phases: updates of each variant")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="timed rounds (phases: updates of each variant)"
+    )
     parser.add_argument(
         "--work", default=None, help="phases: world and runs (default bench/phases)"
     )
@@ -62,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk", type=int, default=None, help="memory: logit_chunk_tokens (default: the config's)"
     )
+    parser.add_argument("--engines", type=int, default=2, help="sync: vLLM engines")
+    parser.add_argument("--bucket-mb", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--prompts", type=int, default=64, help="sync: rollout prompts")
+    parser.add_argument("--max-tokens", type=int, default=128, help="sync: tokens per prompt")
+    parser.add_argument("--skip-sync", action="store_true", help="sync: the rollout part only")
 
 
 def _window_records(records, k: int | None):
@@ -96,9 +104,9 @@ def _bench_worker(args_dict: dict, hf_dir: str, tok_dir: str) -> dict:
 
     from transformers import AutoTokenizer
 
+    from megatron_seed.benchmarks.synthetic import synthetic_records
     from megatron_seed.config import AlgoConfig, OptimConfig, SeedConfig
     from megatron_seed.models.parallel import init_parallel
-    from megatron_seed.testbed.synthetic import synthetic_records
     from megatron_seed.train.batch import build_policy_batch
     from megatron_seed.train.trainer import SeedTrainer
 
@@ -248,10 +256,10 @@ def _run_attention(args: argparse.Namespace, work: Path) -> dict:
 def _run_memory(args: argparse.Namespace, work: Path) -> dict:
     import dataclasses
 
+    from megatron_seed.benchmarks.memory import SMALL_VOCAB, run_memory
     from megatron_seed.errors import CommandError
     from megatron_seed.models.init_model import hf_config, write_checkpoint
     from megatron_seed.recipes import SHAPES
-    from megatron_seed.testbed.bench_memory import SMALL_VOCAB, run_memory
     from megatron_seed.testbed.tiny import make_tiny_qwen
 
     if args.shape not in SHAPES or not SHAPES[args.shape].hf_id.startswith("Qwen/"):
@@ -287,13 +295,17 @@ def run(args: argparse.Namespace) -> int:
     """Build a small model and tokenizer, run the benchmark in a fresh process, report."""
     import tempfile
 
+    from megatron_seed.benchmarks.synthetic import _WORDS
     from megatron_seed.models.parallel import spawn
-    from megatron_seed.testbed.synthetic import _WORDS
     from megatron_seed.testbed.tokenizer import build_tokenizer
 
     out = Path(args.out or f"bench/{args.what}.json")
+    if args.what == "sync":
+        from megatron_seed.benchmarks.sync import run_sync
+
+        return run_sync(args, out)
     if args.what == "phases":
-        from megatron_seed.testbed.bench_phases import print_summary, run_phases
+        from megatron_seed.benchmarks.phases import print_summary, run_phases
 
         if args.rounds < 1:
             raise SystemExit("--rounds must be >= 1")
@@ -309,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
     if args.what != "memory":
         args.layers = args.layers or 4
     if args.what == "memory":
-        from megatron_seed.testbed.bench_memory import write_results
+        from megatron_seed.benchmarks.memory import write_results
 
         write_results(_run_memory(args, work), out)
         print(f"wrote {out}")

@@ -8,7 +8,7 @@
 2. Rollout: the tiny test model (head_dim 32), `--prompts` prompts x `--max-tokens`
    sampled tokens on the same number of engines; generated tokens per second.
 
-Usage: .venv/bin/python tools/bench_sync.py --out /tmp/bench_sync.json
+Usage: seed bench sync [--engines E] [--rounds R] [--out bench/sync.json]
 """
 
 from __future__ import annotations
@@ -136,18 +136,8 @@ def bench_rollout(model_dir: Path, tok_ids: list[list[int]], args: argparse.Name
     }
 
 
-def main() -> int:
-    """Run both benchmarks and write the JSON report."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench_sync.json")
-    p.add_argument("--engines", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--bucket-mb", type=int, nargs="+", default=[16, 64, 256])
-    p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--skip-sync", action="store_true")
-    args = p.parse_args()
-
+def run_sync(args: argparse.Namespace, out: Path) -> int:
+    """Run both benchmarks (`seed bench sync`'s flags) and write the JSON report to ``out``."""
     import ray
 
     from megatron_seed.testbed.tiny import TINY_QWEN2
@@ -178,12 +168,7 @@ def main() -> int:
         )
     finally:
         ray.shutdown()
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

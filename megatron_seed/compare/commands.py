@@ -1,0 +1,220 @@
+"""`seed compare`: methods side by side, same budget, over seeds.
+
+    seed compare [--methods seed grpo ...] [--seeds 0 1 2] [--env NAME] [--out DIR]
+                 [--quick]                                         # the tiny world (default)
+                 --model DIR --games DIR [--recipe NAME] [--updates N]   # a model of yours
+                 [--stage1-tasks N] [--eval-episodes N] [--skill-library DIR]
+    seed compare --merge DIR ... [--out DIR]
+
+Each (method, seed) is one `compare.job` in its own folder; the base model (and its
+evaluation), the tasks and the family skill library of a seed are shared by the methods, so
+they start from the same place and see the same tasks, skills and evaluation draws. The
+methods are `megatron_seed.methods`' (every row of the paper's Table 1, its Table-2
+ablations, seed-replay); the baselines start from the base model, SEED from its own Stage-1
+SFT. A method evaluated with skills adds its starred row.
+
+Without `--model` the comparison runs in the test bed's tiny world (`seed run`'s job: its
+generated games and tiny base policy per seed, its recipes and sizes; `--quick` the smaller
+size). With `--model` it runs from that HF folder on the tasks of `--games` (train, seen and
+unseen splits) with `--recipe`'s config (default: the config's defaults).
+
+The side-by-side table goes to OUT/compare.md and OUT/compare.json (`compare.report`);
+re-running resumes. `--merge DIR ...` runs nothing and writes one table from earlier
+comparisons' compare.json (seeds run apart, e.g. one per machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+from envs.spec import DEFAULT_ENV
+from megatron_seed import recipes
+from megatron_seed.compare.job import apply_method, run_method_job
+from megatron_seed.compare.report import merge_summaries, phase_seconds, skill_rows, write_summary
+from megatron_seed.config import SeedConfig
+from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.methods import METHODS
+from megatron_seed.pipeline.commands_eval import env_spec, env_tasks
+
+# the tiny world's job (games, base policy, sizes), reached only when no --model is named
+TINY_WORLD_JOB = "megatron_seed.testbed.default_job:run_default_job"
+SPLITS = ("train", "seen", "unseen")
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of one job that `seed compare` shares with `seed run`."""
+    parser.add_argument(
+        "--quick", action="store_true", help="the tiny world's smaller size (about 5 minutes)"
+    )
+    parser.add_argument(
+        "--updates",
+        type=positive,
+        default=None,
+        help="Stage-2 updates (default: the recipe's; the tiny world's: 12 quick, 24 full)",
+    )
+    parser.add_argument(
+        "--eval-episodes",
+        type=positive,
+        default=None,
+        help="sampled evaluation episodes per training task (default: the tiny world's 8 "
+        "quick, 4 full; with --model 4)",
+    )
+    parser.add_argument(
+        "--skill-library", default=None, help="a family library folder (default: built)"
+    )
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Command-line flags."""
+    add_job_arguments(parser)
+    parser.add_argument("--env", default=DEFAULT_ENV, help="environment (envs.spec names)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["seed", "grpo"],
+        choices=list(METHODS),
+        metavar="METHOD",
+        help="any of: " + ", ".join(METHODS) + " (megatron_seed/methods.py; default: seed grpo)",
+    )
+    parser.add_argument(
+        "--model", default=None, help="base HF checkpoint + tokenizer (default: the tiny world)"
+    )
+    parser.add_argument("--games", default=None, help="with --model: task folder (3 splits)")
+    parser.add_argument("--recipe", default=None, help="with --model: a recipes.py recipe")
+    parser.add_argument(
+        "--stage1-tasks", type=positive, default=None, help="with --model (default: all train)"
+    )
+    parser.add_argument("--out", default=None, help="default runs/compare[-ENV]")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="run nothing: merge the compare.json of earlier comparisons (each its own "
+        "seeds, e.g. one seed per machine) into one table in --out",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every (method, seed) job (or `--merge` earlier ones), then write the side-by-side
+    table."""
+    out = output_dir(
+        args.out or ("runs/compare" + ("" if args.env == DEFAULT_ENV else f"-{args.env}"))
+    )
+    size = _size_name(args)
+    if args.merge:
+        merged = merge_summaries([Path(p) for p in args.merge])
+        seeds = merged["seeds"] or args.merge
+        summary = (merged["results"], merged["seconds"], merged["skills"])
+        return write_summary(out, *summary, args.env, size, seeds)
+    job = _named_model_job(args) if args.model else _tiny_world_job(args)
+    results: dict[str, list[dict]] = {}
+    seconds: dict[str, list[dict[str, float]]] = {}
+    skills: dict[str, list[list[dict[str, float]]]] = {}
+    baseline: list[dict] = []
+    for seed in args.seeds:
+        for method in args.methods:
+            evals = job(out, method, seed)["evaluations"]
+            for label, result in evals.items():
+                if label not in ("Base (Vanilla)", "Stage-1 SFT"):
+                    results.setdefault(label, []).append(result)
+            metrics = out / f"{method}-seed{seed}" / "stage2" / "metrics.jsonl"
+            if metrics.is_file():
+                seconds.setdefault(METHODS[method].label, []).append(phase_seconds(metrics))
+                skills.setdefault(METHODS[method].label, []).append(skill_rows(metrics))
+            if method == args.methods[0]:
+                baseline.append(evals["Base (Vanilla)"])
+    results = {"Base (Vanilla)": baseline, **results}
+    return write_summary(out, results, seconds, skills, args.env, size, list(args.seeds))
+
+
+def _size_name(args: argparse.Namespace) -> str:
+    """The size the report names: the tiny world's, or the recipe's."""
+    if args.model:
+        return f"recipe {args.recipe or 'defaults'}"
+    return "quick" if args.quick else "full"
+
+
+def _tiny_world_job(args: argparse.Namespace) -> Any:
+    """(out, method, seed) -> one job of the tiny world (`seed run`'s), sharing the seed's
+    base policy, games and library folders between methods."""
+    if args.games or args.recipe or args.stage1_tasks:
+        raise CommandError("--games, --recipe and --stage1-tasks need --model DIR")
+    module, name = TINY_WORLD_JOB.split(":")
+    run_default_job = getattr(importlib.import_module(module), name)
+
+    def job(out: Path, method: str, seed: int) -> dict[str, Any]:
+        return run_default_job(
+            out / f"{method}-seed{seed}",
+            quick=args.quick,
+            seed=seed,
+            algo=method,
+            base_dir=out / f"base-seed{seed}",
+            games_dir=out / f"games-seed{seed}",
+            env=args.env,
+            library_dir=out / f"library-seed{seed}",
+            user_library=args.skill_library,
+            updates=args.updates,
+            eval_episodes=args.eval_episodes,
+        )
+
+    return job
+
+
+def _named_model_job(args: argparse.Namespace) -> Any:
+    """(out, method, seed) -> one job from ``--model`` on the tasks of ``--games``."""
+    if args.quick:
+        raise CommandError("--quick sizes the tiny world; with --model use --recipe")
+    if not args.games:
+        raise CommandError("--model needs --games DIR (a task folder with train, seen, unseen)")
+    if not (Path(args.model) / "config.json").is_file():
+        raise CommandError(f"--model {args.model}: no config.json (an HF checkpoint folder)")
+    env = env_spec(args.env)
+    games = {split: env_tasks(env, args.games, split) for split in SPLITS}
+    if empty := [s for s in SPLITS if not games[s]]:
+        raise CommandError(f"--games {args.games}: no tasks in split(s) {', '.join(empty)}")
+    base_cfg = recipes.on_env(_recipe_config(args), env.rollout)  # the env's budgets under it
+
+    def job(out: Path, method: str, seed: int) -> dict[str, Any]:
+        cfg = apply_method(base_cfg, method).with_changes({"env": {"name": args.env}})
+        cfg = cfg.with_changes({"seed": seed})
+        facts: dict[str, Any] = {"environment": args.env, "size": _size_name(args)}
+        facts |= {"algorithm": method, "seed": seed, "base_model": str(args.model)}
+        return run_method_job(
+            out / f"{method}-seed{seed}",
+            Path(args.model),
+            games,
+            cfg,
+            method,
+            stage1_tasks=args.stage1_tasks or len(games["train"]),
+            train_eval_episodes=args.eval_episodes or 4,
+            facts=facts,
+            base_root=out / f"base-seed{seed}",
+            library_dir=out / f"library-seed{seed}",
+            user_library=args.skill_library,
+        )
+
+    return job
+
+
+def _recipe_config(args: argparse.Namespace) -> SeedConfig:
+    """``--recipe``'s config (the defaults without one) with ``--updates``."""
+    try:
+        cfg = recipes.get(args.recipe).config if args.recipe else SeedConfig()
+        return cfg.with_changes({"updates": args.updates}) if args.updates else cfg
+    except KeyError as err:
+        raise CommandError(str(err).strip("'\"")) from None
+    except ValueError as err:
+        raise CommandError(f"bad --updates: {err}") from None

@@ -1,0 +1,312 @@
+"""One (method, seed) job on a base model and its tasks: the family skill library, Stage 1,
+Stage 2, evaluation and the run report, each phase resumable (OUT/progress.json records a
+finished phase; Stage 2 resumes from its own checkpoints).
+
+`seed compare` runs one per (method, seed); the test bed's default job (`seed run`) is one of
+them on the tiny world. Methods are `megatron_seed.methods`' rows: a method that reads a family
+skill library gets one written from Stage-1 annotations of the base policy (or the user's
+folder); a method that trains nothing is the base evaluated as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from envs.spec import get_env
+from megatron_seed.compare.report import write_report
+from megatron_seed.config import SeedConfig
+from megatron_seed.methods import METHODS, Method
+
+EVAL_SEED = 1234  # sampled evaluation draws: the same for every model of a run
+BASE_LABEL = "Base (Vanilla)"
+
+
+def method_of(algo: str) -> Method:
+    """The method named `algo`; a clear error for an unknown name."""
+    if algo not in METHODS:
+        raise ValueError(f"unknown algorithm {algo!r}; choose one of {sorted(METHODS)}")
+    return METHODS[algo]
+
+
+def apply_method(cfg: SeedConfig, algo: str) -> SeedConfig:
+    """``cfg`` with the method ``algo``'s changes (a method that trains nothing: unchanged)."""
+    method = method_of(algo)
+    if method.trains:
+        cfg = method.config(cfg)
+    if cfg.algo.advantage_reweight == "rlsd":
+        # RLSD's lambda falls to 0 over the first 2/3 of the run, as the reference stack's
+        # 100 of 150 updates (its default 100 would barely move in a short job)
+        decay = max(1, round(cfg.updates * 2 / 3))
+        cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, rlsd_decay_updates=decay))
+    return cfg
+
+
+def run_method_job(
+    out: Path,
+    base: Path,
+    games: dict[str, list[str]],
+    cfg: SeedConfig,
+    algo: str,
+    *,
+    stage1_tasks: int,
+    train_eval_episodes: int,
+    facts: dict[str, Any],
+    started: float | None = None,
+    base_root: Path | None = None,
+    library_dir: str | Path | None = None,
+    user_library: str | Path | None = None,
+    title: str | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) method ``algo`` from the ``base`` HF folder on ``games`` (train, seen,
+    unseen task paths) with ``cfg`` (`apply_method`'s); returns the evaluations and facts of
+    the report (OUT/report.md, OUT/eval.json).
+
+    ``stage1_tasks``: training tasks of Stage 1 and of the library's annotations;
+    ``train_eval_episodes``: sampled evaluation episodes per training task; ``started``: when
+    the job began (its wall time; default now); ``base_root``: where the base's evaluation is
+    cached for the jobs that share it; ``library_dir``: where the family skill library is
+    built (default OUT/library), ``user_library``: a library folder to use instead;
+    ``title``: the environment's name in the report (default its registry name)."""
+    method = method_of(algo)
+    started = time.time() if started is None else started
+    out.mkdir(parents=True, exist_ok=True)
+    fleet = JobFleet(base, cfg)
+    try:
+        library = None
+        if method.needs_library:
+            library = Path(user_library) if user_library else Path(library_dir or out / "library")
+            if not user_library:
+                stage1_games = games["train"][:stage1_tasks]
+                facts["library"] = build_library(library, base, stage1_games, cfg, fleet)
+        init = base
+        if method.stage1:
+            init = run_stage1(out, base, games["train"][:stage1_tasks], cfg, fleet)
+            facts["stage1"] = _progress(out)["sft"]
+        models: dict[str, tuple[Path, bool]] = {BASE_LABEL: (base, False)}
+        final = base
+        if method.trains:
+            final = run_stage2_job(out, init, games["train"], cfg, fleet, library)
+            if method.stage1:
+                models["Stage-1 SFT"] = (init, False)
+            if method.eval_plain:
+                models[method.label] = (final, False)
+        if method.eval_skill_label:
+            models[method.eval_skill_label] = (final, True)
+        evaluations = evaluate_models(
+            out, models, games, train_eval_episodes, cfg, fleet, library, base_root
+        )
+    finally:
+        fleet.close()
+    (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
+    if "wall_minutes" not in _progress(out):  # the run that finished the job, not a rerun
+        _mark(out, "wall_minutes", round((time.time() - started) / 60, 1))
+    facts["wall_minutes"] = _progress(out)["wall_minutes"]
+    report = write_report(out, evaluations, facts, cfg.env.name, title)
+    print(f"report: {report}")
+    return {"evaluations": evaluations, "facts": facts}
+
+
+def _progress(out: Path) -> dict[str, Any]:
+    path = out / "progress.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _mark(out: Path, phase: str, value: Any = True) -> None:
+    state = _progress(out)
+    state[phase] = value
+    (out / "progress.json").write_text(json.dumps(state, indent=2) + "\n")
+
+
+class JobFleet:
+    """The job's one fleet of vLLM engines, started when a phase first needs it and shared
+    by Stage 1, Stage 2 (another process; it connects by address) and the evaluation: each
+    phase loads its own weights, so the engines start once (they are most of a phase's
+    fixed cost on 2 cores)."""
+
+    def __init__(self, model_dir: Path, cfg: SeedConfig) -> None:
+        self.model_dir, self.cfg = model_dir, cfg
+        self._fleet: Any = None
+
+    def get(self) -> Any:
+        """The running fleet (started on the first call)."""
+        if self._fleet is None:
+            from megatron_seed.rollout.session import start_fleet
+
+            ray_init()
+            self._fleet = start_fleet(self.cfg, self.model_dir)
+        return self._fleet
+
+    def close(self) -> None:
+        """Stop the engines (if they were started)."""
+        if self._fleet is not None:
+            self._fleet.close()
+            self._fleet = None
+
+
+def ray_init() -> str:
+    """Start Ray on this machine (once) and return its address."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=tempfile.mkdtemp(prefix="seed-ray-"),
+        )
+    return ray.get_runtime_context().gcs_address
+
+
+def build_library(
+    root: Path, base: Path, games: list[str], cfg: SeedConfig, fleet: JobFleet
+) -> dict[str, Any]:
+    """The family skill library written from Stage-1 annotations of the base policy (K0
+    rollouts per task, the environment's oracle analyzer) into ``root`` (built once;
+    ``root/done`` holds what the report says about it)."""
+    from megatron_seed.data import write_jsonl
+    from megatron_seed.pipeline import stage1
+    from megatron_seed.skills.library import SkillLibrary
+
+    done = root / "done"
+    if done.is_file():
+        return json.loads(done.read_text())
+    records = stage1.collect(base, games, root / "trajectories.jsonl", cfg, fleet=fleet.get())
+    annotated, am = stage1.annotate_oracle(records, cfg)
+    write_jsonl(annotated, root / "annotated.jsonl")
+    library = SkillLibrary.from_annotations(annotated)
+    library.save(root)
+    facts = {
+        "rollouts": len(records),
+        "acceptance_rate": am.get("analyze/valid_rate", 0.0),
+        "families": sorted(library.families),
+        "words": {f: len(t.split()) for f, t in sorted(library.families.items())},
+    }
+    done.write_text(json.dumps(facts) + "\n")
+    return facts
+
+
+def run_stage1(out: Path, base: Path, games: list[str], cfg: SeedConfig, fleet: JobFleet) -> Path:
+    """Collect K0 rollouts per task, annotate with the oracle analyzer, SFT -> theta_sft."""
+    from megatron_seed.data import write_jsonl
+    from megatron_seed.pipeline import stage1
+
+    sft_dir = out / "stage1" / "sft"
+    if _progress(out).get("sft"):
+        return sft_dir / "hf"
+    trajectories = out / "stage1" / "trajectories.jsonl"
+    records = stage1.collect(base, games, trajectories, cfg, fleet=fleet.get())
+    annotated, am = stage1.annotate_oracle(records, cfg)
+    write_jsonl(annotated, out / "stage1" / "annotated.jsonl")
+    result = stage1.run_sft(base, annotated, sft_dir, cfg)
+    _mark(
+        out,
+        "sft",
+        {
+            "rollouts": len(records),
+            "rollout_success": round(sum(r.won for r in records) / max(1, len(records)), 3),
+            "acceptance_rate": am.get("analyze/valid_rate", 0.0),
+            "examples": result["examples"],
+            "nll_first": round(result["curve"][0]["nll"], 4),
+            "nll_last": round(result["curve"][-1]["nll"], 4),
+        },
+    )
+    return sft_dir / "hf"
+
+
+def run_stage2_job(
+    out: Path,
+    init: Path,
+    games: list[str],
+    cfg: SeedConfig,
+    fleet: JobFleet,
+    library: Path | None = None,
+) -> Path:
+    """The method's Stage-2 updates with the fleet and the Megatron trainer -> the final HF
+    folder. Fixed skills: the family ``library`` folder, or this job's Stage-1 annotations
+    (``static-skills``), or the expert plans (`skills.library.game_skills`)."""
+    from megatron_seed.models.parallel import spawn
+    from megatron_seed.pipeline.stage2 import Stage2Job, check_job, run_stage2
+    from megatron_seed.skills.library import game_skills
+
+    annotated = out / "stage1" / "annotated.jsonl"
+    if not _progress(out).get("stage2"):
+        source = annotated if cfg.skill.teacher_source == "stage1_library" else library
+        job = Stage2Job(
+            model_dir=str(init),
+            games=games,
+            out_dir=str(out / "stage2"),
+            cfg=cfg,
+            ray_address=ray_init(),
+            fleet_address=fleet.get().address,
+            skill_library=game_skills(cfg, get_env(cfg.env.name), games, source),
+            replay_data=str(annotated) if cfg.algo.replay_weight else None,
+        )
+        check_job(job)
+        spawn(run_stage2, 1, job)
+        _mark(out, "stage2")
+    return out / "stage2" / "final_hf"
+
+
+def evaluate_models(
+    out: Path,
+    models: dict[str, tuple[Path, bool]],
+    games: dict[str, list[str]],
+    train_episodes: int,
+    cfg: SeedConfig,
+    fleet: JobFleet,
+    library: Path | None = None,
+    base_root: Path | None = None,
+) -> dict[str, Any]:
+    """Every model (label -> (folder, with the library's skill)): greedy on seen and unseen,
+    sampled (``train_episodes`` per game) on the training games; the skilled rows with each game's family skill in every
+    prompt (a family the library lacks plays without). The base's skill-free evaluation is
+    cached beside it (``base_root``), keyed by the games, for the jobs that share it."""
+    from megatron_seed.pipeline.evaluate import evaluate_policies
+    from megatron_seed.skills.library import SkillLibrary
+
+    evaluations = _progress(out).get("evaluate") or {}
+    key = _games_key(games, train_episodes)
+    cache = base_root / f"eval-{key}.json" if base_root else None
+    base_label = BASE_LABEL
+    if base_label not in evaluations and cache is not None and cache.is_file():
+        evaluations[base_label] = json.loads(cache.read_text())
+    splits = {"seen": games["seen"], "unseen": games["unseen"], "train": games["train"]}
+    sampled = {"train": (cfg.rollout.temperature, train_episodes, EVAL_SEED)}
+    for skilled in (False, True):
+        todo = [n for n, (_, sk) in models.items() if sk == skilled and n not in evaluations]
+        if not todo:
+            continue
+        skills = None
+        if skilled:
+            assert library is not None  # Method.needs_library
+            every = [g for split in splits.values() for g in split]
+            env = get_env(cfg.env.name)
+            skills = SkillLibrary.load(library).for_games(every, env.family, strict=False)
+        results = evaluate_policies(
+            [models[n][0] for n in todo],
+            splits,
+            cfg,
+            sampled=sampled,
+            fleet=fleet.get(),
+            skills=skills,
+        )
+        evaluations.update(zip(todo, results, strict=True))
+        _mark(out, "evaluate", evaluations)
+    if cache is not None and not cache.is_file():
+        cache.write_text(json.dumps(evaluations[base_label], indent=2) + "\n")
+    return {name: evaluations[name] for name in models}
+
+
+def _games_key(games: dict[str, list[str]], episodes: int) -> str:
+    """A short digest of the evaluation's games and sampled episodes per training game (the
+    base's cached evaluation is theirs)."""
+    import hashlib
+
+    names = {k: [Path(g).name for g in v] for k, v in sorted(games.items())}
+    text = json.dumps({**names, "episodes": episodes})
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
