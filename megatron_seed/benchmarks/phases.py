@@ -28,7 +28,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from megatron_seed.testbed import ENV
+from envs.spec import DEFAULT_ENV as ENV
 
 _OVERLAP = {"rollout": {"overlap": True}}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {  # name: (method, config changes)
