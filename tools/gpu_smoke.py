@@ -63,7 +63,6 @@ TINY = dict(
     intermediate_size=256,
     num_hidden_layers=2,
     num_attention_heads=4,
-    num_key_value_heads=2,
 )
 GIB = 2**30
 
@@ -371,7 +370,7 @@ def make_model(args, folder: Path) -> str:
     """The HF folder to use: `--model`, or a random checkpoint of the smoke's shape."""
     if args.model:
         return args.model
-    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny import make_tiny_qwen
 
     shape = dict(TINY if args.cpu_tiny else QWEN25_05B)
     make_tiny_qwen(folder / "model", **shape)
@@ -409,7 +408,7 @@ def main() -> int:
 
     from megatron_seed.models.parallel import init_parallel
     from megatron_seed.models.qwen import te_available
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     init_parallel(1, 1, device="cuda" if not args.cpu_tiny else "cpu")
     on_gpu = torch.cuda.is_available()

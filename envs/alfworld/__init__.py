@@ -37,9 +37,7 @@ def spec() -> EnvSpec:
         make_env=AlfWorldEnv,
         list_tasks=find_games,
         family=game_family,
-        prompts=prompt.prompt_style,
-        parse_action=prompt.parse_action,
-        task_marker=prompt.TASK_MARKER,
+        prompt=prompt,
         description="a text-based household environment (ALFWorld)",
         # the paper's Table 5: 30 steps, 512 tokens a reply; verl-agent keeps 2 turns
         rollout=RolloutDefaults(DEFAULT_MAX_STEPS, max_response_tokens=512, history_window=2),

@@ -40,9 +40,7 @@ def spec() -> EnvSpec:
         make_env=SearchEnv,
         list_tasks=list_tasks,
         family=task_family,
-        prompts=prompt.prompt_style,
-        parse_action=prompt.parse_action,
-        task_marker=prompt.TASK_MARKER,
+        prompt=prompt,
         description="a search-based question-answering environment (Search-R1 protocol)",
         # Search-R1 and verl-agent: 4 turns (verl-agent keeps all 4 in a windowed prompt),
         # 500 tokens a reply (max_response_length)

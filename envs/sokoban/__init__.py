@@ -32,9 +32,7 @@ def spec() -> EnvSpec:
         make_env=SokobanEnv,
         list_tasks=list_tasks,
         family=task_family,
-        prompts=prompt.prompt_style,
-        parse_action=prompt.parse_action,
-        task_marker=prompt.TASK_MARKER,
+        prompt=prompt,
         description="a text Sokoban puzzle environment (one box on a 6x6 grid)",
         # verl-agent's text Sokoban: at most 15 moves, 2 turns kept in a windowed prompt
         rollout=RolloutDefaults(DEFAULT_MAX_STEPS, max_response_tokens=512, history_window=2),

@@ -224,7 +224,7 @@ def _attention_worker(hf_dir: str, lengths: list[int], batch: int, rounds: int) 
 
 def _bench_model(args: argparse.Namespace, out: Path, vocab: int) -> None:
     """The benchmarks' random Qwen2 (hidden ``args.hidden``, head_dim 64) in ``out``."""
-    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny import make_tiny_qwen
 
     make_tiny_qwen(
         out,
@@ -259,8 +259,8 @@ def _run_memory(args: argparse.Namespace, work: Path) -> dict:
     from megatron_seed.benchmarks.memory import SMALL_VOCAB, run_memory
     from megatron_seed.errors import CommandError
     from megatron_seed.models.init_model import hf_config, write_checkpoint
+    from megatron_seed.models.tiny import make_tiny_qwen
     from megatron_seed.recipes import SHAPES
-    from megatron_seed.testbed.tiny import make_tiny_qwen
 
     if args.shape not in SHAPES or not SHAPES[args.shape].hf_id.startswith("Qwen/"):
         raise CommandError(f"unknown --shape {args.shape!r}; a Qwen shape of recipes.SHAPES")
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
 
     from megatron_seed.benchmarks.synthetic import _WORDS
     from megatron_seed.models.parallel import spawn
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     out = Path(args.out or f"bench/{args.what}.json")
     if args.what == "sync":

@@ -23,22 +23,19 @@ from pathlib import Path
 
 import torch
 
-SYNC_MODEL = dict(
-    model_type="qwen2",
+from megatron_seed.models.tiny import TINY_QWEN2, make_tiny_qwen
+
+SYNC_MODEL = dict(  # TINY_QWEN2 widened: about 60 M parameters to stream
+    TINY_QWEN2,
     vocab_size=8192,
     hidden_size=768,
     intermediate_size=2048,
     num_hidden_layers=8,
     num_attention_heads=12,  # head_dim 64
-    num_key_value_heads=2,
-    max_position_embeddings=2048,
-    tie_word_embeddings=False,
 )
 
 
 def _model(root: Path, name: str, tok_dir: Path, **cfg: object) -> Path:
-    from megatron_seed.testbed.tiny import make_tiny_qwen
-
     out = make_tiny_qwen(root / name, seed=0, **cfg)
     for f in tok_dir.iterdir():
         shutil.copy(f, out / f.name)
@@ -140,8 +137,8 @@ def run_sync(args: argparse.Namespace, out: Path) -> int:
     """Run both benchmarks (`seed bench sync`'s flags) and write the JSON report to ``out``."""
     import ray
 
-    from megatron_seed.testbed.tiny import TINY_QWEN2
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny import TINY_QWEN2
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
     corpus = ["Goal: put a clean mug in coffeemachine 1. go to countertop 2, take mug 1."] * 8

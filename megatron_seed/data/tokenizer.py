@@ -2,7 +2,7 @@
 
 The chat layout is Qwen's: ``<|im_start|>{role}\n{content}<|im_end|>\n`` per message and
 ``<|im_start|>assistant\n`` as the generation prompt; <|im_end|> is the stop token. Tiny
-tokenizers for tests and the CPU job are built by `megatron_seed.testbed.tokenizer`, the
+tokenizers for tests and the CPU job are built by `megatron_seed.models.tiny_tokenizer`, the
 Qwen-format ones of `seed init-model` by `megatron_seed.models.qwen_tokenizer`; both start
 from `qwen_byte_level_bpe` and are written by `save_tokenizer`.
 

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the smoke check and print what it measured."""
     from megatron_seed.models.parallel import spawn
     from megatron_seed.models.parity import check_parity
-    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny import make_tiny_qwen
 
     out = Path(args.out or tempfile.mkdtemp(prefix="seed-smoke-"))
     hf_dir = make_tiny_qwen(out / "tiny-qwen2")

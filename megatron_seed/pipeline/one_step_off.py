@@ -16,6 +16,7 @@ from megatron_seed.data import TrajectoryRecord, collate
 from megatron_seed.data.sequences import build_sequences
 from megatron_seed.pipeline.collective import broadcast
 from megatron_seed.pipeline.metrics import PhaseTimer
+from megatron_seed.pipeline.roles import Slot
 
 if TYPE_CHECKING:
     from megatron_seed.pipeline.roles import Played
@@ -28,14 +29,14 @@ def play_ahead(run: Run) -> Future[Played] | None:
     cfg = run.cfg
     if not cfg.rollout.one_step_off or run.step + 1 >= cfg.updates:
         return None
-    step, version = run.step + 1, run.step
-    position = run.trainer.state.data_position + cfg.rollout.tasks_per_update
+    now = Slot.now(run)
+    slot = Slot(now.step + 1, now.position + cfg.rollout.tasks_per_update, now.version)
     if run.ahead_pool is None:
         run.ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahead")
 
     def play() -> Played:
         timer = PhaseTimer()
-        records, metrics = run.side.play_and_analyze(run, timer, step, position, version)
+        records, metrics = run.side.play_and_analyze(run, timer, slot)
         metrics.update({f"ahead/{k}_s": v for k, v in timer.seconds.items()})
         return records, metrics
 

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,22 @@ if TYPE_CHECKING:
 PREEMPTED = "preempted.json"  # the note a preempted run leaves in its output folder
 
 Played = tuple[list[TrajectoryRecord] | None, dict[str, float]]  # records (None: a follower)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What a rollout plays: update `step`'s tasks from data position `position`, on the
+    engines' weights of trainer step `version` (one-step-off plays the next update's
+    tasks on this update's weights)."""
+
+    step: int
+    position: int
+    version: int
+
+    @classmethod
+    def now(cls, run: Run) -> Slot:
+        """This update, on the weights the trainer holds."""
+        return cls(run.step, run.trainer.state.data_position, run.step)
 
 
 class TaskSampler:
@@ -75,14 +92,7 @@ class Follower:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []  # the metrics rows logged (rank 0's)
 
-    def play_and_analyze(
-        self,
-        run: Run,
-        timer: PhaseTimer,
-        step: int | None = None,
-        position: int | None = None,
-        version: int | None = None,
-    ) -> Played:
+    def play_and_analyze(self, run: Run, timer: PhaseTimer, slot: Slot) -> Played:
         """Nothing played here: rank 0's records arrive by broadcast."""
         return None, {}
 
@@ -164,33 +174,20 @@ class Leader(Follower):
 
     # ------------------------------------------------------------------ rollout, analyze
 
-    def play_and_analyze(
-        self,
-        run: Run,
-        timer: PhaseTimer,
-        step: int | None = None,
-        position: int | None = None,
-        version: int | None = None,
-    ) -> Played:
-        """The `rollout` phase: B tasks x N episodes with theta_old, for update `step` from
-        data position `position` (default: the trainer's; one-step-off plays the next ones)
-        with the engines' weights of trainer step `version` (default: the trainer's now);
-        then the `analyze` phase unless the overlapped rollout analysed them as they ended."""
+    def play_and_analyze(self, run: Run, timer: PhaseTimer, slot: Slot) -> Played:
+        """The `rollout` phase: B tasks x N episodes with theta_old for `slot`; then the
+        `analyze` phase unless the overlapped rollout analysed them as they ended."""
         cfg = run.cfg
         with timer.time("rollout"):
-            records, metrics = self._rollout(run, step, position, version)
+            records, metrics = self._rollout(run, slot)
         if cfg.algo.use_opd and not (cfg.rollout.overlap and analyzes(cfg)):
             with timer.time("analyze"):
                 metrics.update(self._analyze(run, records))
         return records, metrics
 
-    def _rollout(
-        self, run: Run, step: int | None, position: int | None, version: int | None
-    ) -> tuple[list[TrajectoryRecord], dict[str, float]]:
-        cfg, session = run.cfg, self.session
-        step = run.step if step is None else step
-        position = run.trainer.state.data_position if position is None else position
-        games = self.sampler.take(position, cfg.rollout.tasks_per_update)
+    def _rollout(self, run: Run, slot: Slot) -> tuple[list[TrajectoryRecord], dict[str, float]]:
+        cfg, session, step = run.cfg, self.session, slot.step
+        games = self.sampler.take(slot.position, cfg.rollout.tasks_per_update)
         if cfg.rollout.reseed_each_update:
             self.fleet.reseed(update_seed(cfg.seed, step))
         skills = self.job.skill_library if cfg.skill.rollout_skill else None
@@ -208,9 +205,8 @@ class Leader(Follower):
             played = session.play(tasks, cfg.rollout.group_size, session.sampling(), update=step)
         records = played.records
         if cfg.rollout.one_step_off:
-            version = run.step if version is None else version
             for record in records:  # the trainer step whose weights played it
-                record.policy_version = version
+                record.policy_version = slot.version
         metrics.update(rollout_metrics(records))
         stats = dataclasses.asdict(played.stats)
         metrics.update({f"rollout/{k}": float(v) for k, v in stats.items()})

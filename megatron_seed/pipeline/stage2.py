@@ -48,7 +48,7 @@ from megatron_seed.pipeline.metrics import PhaseTimer
 from megatron_seed.pipeline.one_step_off import play_ahead, staleness
 from megatron_seed.pipeline.preemption import preemption
 from megatron_seed.pipeline.replay import replay_batch, replay_pool
-from megatron_seed.pipeline.roles import Follower, Leader, Played
+from megatron_seed.pipeline.roles import Follower, Leader, Played, Slot
 from megatron_seed.rollout.refit import RefitError, probe_ids
 from megatron_seed.train.batch import build_policy_batch
 from megatron_seed.train.checkpoint import (
@@ -176,7 +176,7 @@ def update(run: Run) -> dict[str, Any]:
         metrics.update(m)
     else:
         busy = run.side.usage()
-        records, m = run.side.play_and_analyze(run, timer)
+        records, m = run.side.play_and_analyze(run, timer, Slot.now(run))
         metrics.update(m)
         metrics.update(accounting(busy, run.side.usage(), timer.seconds))
     if cfg.rollout.one_step_off:

@@ -1,9 +1,9 @@
 """The CPU test bed: everything that lets the whole system run on one CPU machine.
 
 A tiny world to train in, apart from the library (which never imports this package; `seed
-compare` and the Slurm rehearsal name it, by module path, as their default world):
+compare` and the Slurm rehearsal name it, by module path, as their default world). Its
+tokenizers and checkpoints come from `megatron_seed.models.tiny` and `.tiny_tokenizer`.
 
-- ``tokenizer``, ``tiny``: tiny byte-level BPE tokenizers and random tiny Qwen checkpoints.
 - ``tiny_world``: generated games + tokenizer + tiny model for end-to-end tests.
 - ``base_policy``: the tiny base policy, cloned from the environment's demonstrations.
 - ``profiles``: how the default job sizes each environment.

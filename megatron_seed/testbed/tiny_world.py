@@ -10,9 +10,9 @@ from pathlib import Path
 def make_tiny_world(root: Path, n_games: int = 6, seed: int = 1) -> Path:
     """Write ROOT/games/train/... and ROOT/model (HF checkpoint + tokenizer); return ROOT."""
     from envs.spec import get_env
+    from megatron_seed.models.tiny import make_tiny_policy
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
     from megatron_seed.testbed import ENV
-    from megatron_seed.testbed.tiny import make_tiny_policy
-    from megatron_seed.testbed.tokenizer import build_tokenizer
 
     spec = get_env(ENV)
     games = spec.generate_tasks(root / "games", "train", n_games, seed)

@@ -45,17 +45,18 @@ def tasks(tmp_path_factory):
     ]
 
 
+def _loop(engine, pool, tokenizer) -> AgentLoop:
+    """ALFWorld episodes of at most 12 steps, prompts never cut."""
+    return AgentLoop(
+        engine, pool, tokenizer, RolloutConfig(max_steps=12, max_prompt_tokens=100_000), ALFWORLD
+    )
+
+
 def test_expert_engine_wins_and_records_align(pool, tasks, tiny_tokenizer):
     engine = ScriptedEngine(
         tiny_tokenizer, expert_policy({t.task_id: t.meta["plan"] for t in tasks})
     )
-    loop = AgentLoop(
-        engine,
-        pool,
-        tiny_tokenizer,
-        RolloutConfig(max_steps=12, max_prompt_tokens=100_000),
-        ALFWORLD,
-    )
+    loop = _loop(engine, pool, tiny_tokenizer)
     played = loop.run(tasks, group_size=2, spec=None)
     records, stats = played.records, played.stats
     assert len(records) == 12 and stats.episodes == 12
@@ -77,13 +78,7 @@ def test_expert_engine_wins_and_records_align(pool, tasks, tiny_tokenizer):
 
 def test_random_engine_rarely_wins_and_hits_the_step_budget(pool, tasks, tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, random_policy(seed=1))
-    loop = AgentLoop(
-        engine,
-        pool,
-        tiny_tokenizer,
-        RolloutConfig(max_steps=12, max_prompt_tokens=100_000),
-        ALFWORLD,
-    )
+    loop = _loop(engine, pool, tiny_tokenizer)
     records = loop.run(tasks, group_size=1, spec=None).records
     assert sum(r.won for r in records) <= 2
     losers = [r for r in records if not r.won]

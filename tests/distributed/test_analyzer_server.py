@@ -304,8 +304,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.importorskip("vllm")
-    from megatron_seed.testbed.tiny import make_tiny_qwen
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
     from tests.conftest import TINY_CORPUS
 
     model = tmp_path_factory.mktemp("vllm_tiny")

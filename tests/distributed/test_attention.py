@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_seed.models.parallel import spawn
-from megatron_seed.testbed.tiny import make_tiny_qwen
+from megatron_seed.models.tiny import make_tiny_qwen
 from tests.distributed.workers import attention_paths_agree, packed_matches_separate
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from megatron_seed.models.parallel import spawn
-from megatron_seed.testbed.tiny import make_tiny_qwen
+from megatron_seed.models.tiny import make_tiny_qwen
 from tests.distributed.chunk_workers import chunked_matches_whole
 
 

@@ -24,8 +24,8 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, tiny_tokenizer):
-    from megatron_seed.testbed.tiny import make_tiny_qwen
-    from megatron_seed.testbed.tokenizer import save_tokenizer
+    from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny_tokenizer import save_tokenizer
 
     root = tmp_path_factory.mktemp("fleet")
     tok_dir = save_tokenizer(tiny_tokenizer, root / "tok")

@@ -121,8 +121,8 @@ def test_export_source_casts_tees_and_counts():
 
 def test_export_meta_matches_the_export(tmp_path):
     from megatron_seed.models.convert import HFCheckpoint
+    from megatron_seed.models.tiny import make_tiny_qwen
     from megatron_seed.rollout.transfer import export_meta
-    from megatron_seed.testbed.tiny import make_tiny_qwen
 
     ckpt = HFCheckpoint(make_tiny_qwen(tmp_path / "m"))
     meta = export_meta(ckpt.spec, torch.bfloat16)

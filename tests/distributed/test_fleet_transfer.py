@@ -273,7 +273,7 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
     fleet = _fleet(model_dir, tmp_path, extra={"fake_recorder": "colocation-events"})
 
     from megatron_seed.models.qwen import QwenSpec
-    from megatron_seed.testbed.tiny import TINY_QWEN2
+    from megatron_seed.models.tiny import TINY_QWEN2
 
     class Trainer:
         seq_multiple, precision = 1, "fp32"

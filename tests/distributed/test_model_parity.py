@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from megatron_seed.models.parity import check_parity
-from megatron_seed.testbed.tiny import make_tiny_qwen
+from megatron_seed.models.tiny import make_tiny_qwen
 
 MODELS = {
     "qwen2-untied": dict(model_type="qwen2", tie_word_embeddings=False),

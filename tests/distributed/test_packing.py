@@ -9,7 +9,6 @@ import torch
 
 from megatron_seed.config import AlgoConfig, OptimConfig, SeedConfig
 from megatron_seed.models.parallel import spawn
-from megatron_seed.testbed.tiny import make_tiny_qwen
 from tests.distributed import workers
 
 CFG = SeedConfig(
@@ -17,17 +16,6 @@ CFG = SeedConfig(
     optim=OptimConfig(lr=1e-3, clip_grad=1e9, mini_batches_per_update=1, micro_batch_size=1),
 )
 TOKENS = 384  # students 78-258 tokens, teachers 116-287: several sequences per packed row
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, tiny_tokenizer):
-    from megatron_seed.testbed.tokenizer import save_tokenizer
-
-    root = tmp_path_factory.mktemp("packing")
-    save_tokenizer(tiny_tokenizer, root / "tok")
-    vocab = -(-len(tiny_tokenizer) // 4) * 4  # divisible by TP
-    make_tiny_qwen(root / "model", vocab_size=vocab)
-    return str(root / "model"), str(root / "tok")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -44,8 +32,8 @@ def _same_grads(a: dict, b: dict) -> float:
     [(1, 1, 1, False), (2, 1, 1, True), (1, 2, 1, False), (1, 1, 2, False)],
     ids=["tp1", "tp2-sp", "pp2", "dp2"],
 )
-def test_packed_equals_padded(tiny, tp, pp, dp, sp):
-    hf, tok = tiny
+def test_packed_equals_padded(tp_checkpoint, tp, pp, dp, sp):
+    hf, tok = tp_checkpoint
     results = spawn(workers.packed_and_padded, tp * pp * dp, hf, tok, tp, pp, CFG, TOKENS, sp)
     out = results[0]
     for r in results[1:]:  # every rank reports the same

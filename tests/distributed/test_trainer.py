@@ -10,20 +10,7 @@ import torch
 
 from megatron_seed.config import AlgoConfig, OptimConfig, SeedConfig
 from megatron_seed.models.parallel import spawn
-from megatron_seed.testbed.tiny import make_tiny_qwen
 from tests.distributed import workers
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, tiny_tokenizer):
-    from megatron_seed.testbed.tokenizer import save_tokenizer
-
-    root = tmp_path_factory.mktemp("trainer")
-    save_tokenizer(tiny_tokenizer, root / "tok")
-    vocab = -(-len(tiny_tokenizer) // 4) * 4  # divisible by TP
-    make_tiny_qwen(root / "model", vocab_size=vocab)
-    return str(root / "model"), str(root / "tok")
-
 
 CFG = SeedConfig(
     algo=AlgoConfig(teacher_mode="live", lambda_opd=1.0, beta_kl=0.1),
@@ -35,8 +22,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
 
 
-def test_update_identical_across_tp_pp_dp(tiny):
-    hf, tok = tiny
+def test_update_identical_across_tp_pp_dp(tp_checkpoint):
+    hf, tok = tp_checkpoint
     runs = {}
     for tp, pp, dp in [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2)]:
         results = spawn(workers.update_and_grads, tp * pp * dp, hf, tok, tp, pp, CFG)
@@ -63,10 +50,10 @@ def test_update_identical_across_tp_pp_dp(tiny):
         assert worst <= 1e-5, (layout, worst)
 
 
-def test_activation_recompute_changes_memory_not_math(tiny):
+def test_activation_recompute_changes_memory_not_math(tp_checkpoint):
     """`parallel.recompute` full (TP=2) and selective (TP=1) give the update and gradients
     of no recompute; the distributed optimizer is refused on CPU in one line."""
-    hf, tok = tiny
+    hf, tok = tp_checkpoint
     (base_metrics, base_grads), *_ = spawn(workers.update_and_grads, 1, hf, tok, 1, 1, CFG)
     for tp, mode in ((2, "full"), (1, "selective")):
         cfg = dataclasses.replace(CFG, parallel=dataclasses.replace(CFG.parallel, recompute=mode))
@@ -82,11 +69,11 @@ def test_activation_recompute_changes_memory_not_math(tiny):
         spawn(workers.update_and_grads, 1, hf, tok, 1, 1, dist_opt)
 
 
-def test_sequence_parallel_changes_memory_not_math(tiny):
+def test_sequence_parallel_changes_memory_not_math(tp_checkpoint):
     """Sequence parallelism (on by default on GPUs at TP > 1) at TP=2 gives the update and
     gradients of TP=1 without it: the sequence split, its gathers and the norm gradients'
     all-reduce over TP are exact (checked here over gloo)."""
-    hf, tok = tiny
+    hf, tok = tp_checkpoint
     (base_metrics, base_grads), *_ = spawn(workers.update_and_grads, 1, hf, tok, 1, 1, CFG)
     results = spawn(workers.update_and_grads_sequence_parallel, 2, hf, tok, 2, 1, CFG)
     metrics, grads = results[0]
@@ -97,10 +84,10 @@ def test_sequence_parallel_changes_memory_not_math(tiny):
     assert max(_rel(grads[k], base_grads[k]) for k in grads) <= 1e-5
 
 
-def test_live_and_snapshot_teachers(tiny):
+def test_live_and_snapshot_teachers(tp_checkpoint):
     """They coincide with one mini-batch per update and differ with two (the second
     mini-batch's teacher sees the weights after the first step only in `live`)."""
-    hf, tok = tiny
+    hf, tok = tp_checkpoint
     out = {}
     for k in (1, 2):
         for mode in ("live", "snapshot"):
@@ -115,8 +102,8 @@ def test_live_and_snapshot_teachers(tiny):
     assert out[2, "live"]["loss/policy"] == out[2, "snapshot"]["loss/policy"]
 
 
-def test_checkpoint_at_tp2_resumes_at_tp1(tiny, tmp_path):
-    hf, tok = tiny
+def test_checkpoint_at_tp2_resumes_at_tp1(tp_checkpoint, tmp_path):
+    hf, tok = tp_checkpoint
     cfg = dataclasses.replace(CFG, optim=dataclasses.replace(CFG.optim, mini_batches_per_update=1))
     full = spawn(workers.run_with_checkpoints, 2, hf, tok, 2, 1, cfg, 4, 2, str(tmp_path), False)[0]
     for rank in (0, 1):  # every rank's RNG file has the CUDA slots (None: written on a CPU)
@@ -136,8 +123,8 @@ def test_checkpoint_at_tp2_resumes_at_tp1(tiny, tmp_path):
     assert 1 not in resumed and 2 not in resumed
 
 
-def test_opd_lowers_its_loss_and_grpo_raises_the_winner(tiny):
-    hf, tok = tiny
+def test_opd_lowers_its_loss_and_grpo_raises_the_winner(tp_checkpoint):
+    hf, tok = tp_checkpoint
     opd_cfg = SeedConfig(algo=AlgoConfig(lambda_opd=1.0, beta_kl=0.0), optim=OptimConfig(lr=3e-4))
     grpo_cfg = SeedConfig(algo=AlgoConfig(use_opd=False, beta_kl=0.0), optim=OptimConfig(lr=3e-4))
     out = spawn(workers.learning_curves, 1, hf, tok, opd_cfg, grpo_cfg, 4)[0]
@@ -152,10 +139,10 @@ def test_opd_lowers_its_loss_and_grpo_raises_the_winner(tiny):
     assert bool((after[losers] < before[losers]).all())
 
 
-def test_epochs_per_update_repeat_the_batch_against_theta_old(tiny):
+def test_epochs_per_update_repeat_the_batch_against_theta_old(tp_checkpoint):
     """Two epochs over a batch equal one epoch over the batch written twice (two
     mini-batches): the second pass steps again with ratios against theta_old, not anew."""
-    hf, tok = tiny
+    hf, tok = tp_checkpoint
     out = spawn(workers.epochs_match_repeated_batch, 1, hf, tok, CFG)[0]
     (m_epochs, lp_epochs), (m_minis, lp_minis) = out["epochs"], out["minis"]
     mask = out["mask"]
@@ -165,7 +152,9 @@ def test_epochs_per_update_repeat_the_batch_against_theta_old(tiny):
         assert abs(m_epochs[key] - m_minis[key]) <= 1e-5 * abs(m_minis[key]) + 1e-7, key
 
 
-def test_rlsd_lambda_follows_the_update_index_and_opd_diagnostics_are_logged(tiny, tmp_path):
+def test_rlsd_lambda_follows_the_update_index_and_opd_diagnostics_are_logged(
+    tp_checkpoint, tmp_path
+):
     """RLSD's lambda is rlsd_lambda(update) at update 0 and at update 1 after a resume; the
     OPD-condition diagnostics (Delta = l_T - l_old per record vs its advantage and success)
     reach metrics.jsonl through Stage 2's train phase."""
@@ -173,7 +162,7 @@ def test_rlsd_lambda_follows_the_update_index_and_opd_diagnostics_are_logged(tin
 
     from megatron_seed.algo import rlsd_lambda
 
-    hf, tok = tiny
+    hf, tok = tp_checkpoint
     algo = AlgoConfig(advantage_reweight="rlsd", lambda_opd=0.0, beta_kl=0.0, rlsd_decay_updates=4)
     cfg = dataclasses.replace(CFG, algo=algo)
     out = spawn(workers.rlsd_update_index_and_diagnostics, 1, hf, tok, cfg, str(tmp_path))[0]
@@ -204,11 +193,11 @@ def test_rlsd_lambda_follows_the_update_index_and_opd_diagnostics_are_logged(tin
         assert first[f"opd/gated_frac_{side}"] == pytest.approx(expected, abs=1e-12), side
 
 
-def test_analyzer_replay_adds_its_weighted_nll_in_any_layout(tiny):
+def test_analyzer_replay_adds_its_weighted_nll_in_any_layout(tp_checkpoint):
     """With replay rows, the update's gradient is the plain update's plus replay_weight x the
     NLL step's on those rows (same weights), its loss the plain loss plus w x that NLL; the
     same at DP=2 (replay rows split over ranks, padding rows carrying nothing) and packed."""
-    hf, tok = tiny
+    hf, tok = tp_checkpoint
     w = 0.5
     cfg = dataclasses.replace(CFG, algo=dataclasses.replace(CFG.algo, replay_weight=w))
     packed = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, micro_batch_tokens=512))

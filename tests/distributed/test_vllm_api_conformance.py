@@ -25,8 +25,8 @@ DTYPE = torch.bfloat16
 def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list]:
     """(metadata, stream): a tiny Qwen2's export, in the order and dtype the trainer sends."""
     from megatron_seed.models.convert import HFCheckpoint
+    from megatron_seed.models.tiny import make_tiny_qwen
     from megatron_seed.rollout.transfer import export_meta
-    from megatron_seed.testbed.tiny import make_tiny_qwen
 
     ckpt = HFCheckpoint(make_tiny_qwen(tmp_path_factory.mktemp("m") / "m"))
     meta = export_meta(ckpt.spec, DTYPE)

@@ -35,8 +35,8 @@ def world(tmp_path_factory) -> Path:
     numba when it is installed, and numba's objects break vLLM's in-process engine start
     later in this process (docs/facts.md)."""
     from envs.spec import get_env
-    from megatron_seed.testbed.tiny import make_tiny_policy
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny import make_tiny_policy
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("search_world")
     proc = _seed("games", "--env", "search", "--split", "train", "--n", "4", "--seed", "3",

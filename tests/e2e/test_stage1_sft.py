@@ -10,10 +10,10 @@ import pytest
 from megatron_seed.benchmarks.synthetic import synthetic_records
 from megatron_seed.config import OptimConfig, SeedConfig, SkillConfig
 from megatron_seed.data import Analysis
+from megatron_seed.models.tiny import make_tiny_policy
+from megatron_seed.models.tiny_tokenizer import build_tokenizer
 from megatron_seed.pipeline.stage1 import answer_text, run_sft, sft_sequence
 from megatron_seed.skills.prompt import record_prompt
-from megatron_seed.testbed.tiny import make_tiny_policy
-from megatron_seed.testbed.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")

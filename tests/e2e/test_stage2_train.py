@@ -70,43 +70,17 @@ def test_seed_train_two_updates(reference):
     assert (out / "final_hf" / "config.json").is_file()
 
 
+def _seed_train(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "megatron_seed.cli", "train", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
 def test_bad_inputs_fail_fast(tiny_world, tmp_path):
-    root = tiny_world
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "megatron_seed.cli",
-            "train",
-            "--model",
-            str(root / "model"),
-            "--games",
-            str(tmp_path),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    model = str(tiny_world / "model")
+    proc = _seed_train("--model", model, "--games", str(tmp_path), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "no games" in proc.stderr
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "megatron_seed.cli",
-            "train",
-            "--model",
-            str(root / "model"),
-            "--games",
-            str(root / "games"),
-            "--recipe",
-            "nope",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    games = str(tiny_world / "games")
+    proc = _seed_train("--model", model, "--games", games, "--recipe", "nope")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
 
 

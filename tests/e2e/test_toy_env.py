@@ -72,6 +72,18 @@ def _parse(text: str) -> tuple[str | None, bool]:
     return (found[-1], True) if found else (None, False)
 
 
+class ToyPrompt:
+    """The toy game's prompt module: one style, the <guess> parser, a "Goal:" task line."""
+
+    TASK_MARKER = "Goal:"
+
+    def prompt_style(self, name: str) -> Prompts:
+        return Prompts("Guess the number.", _first, _step, _window, False)
+
+    def parse_action(self, text: str) -> tuple[str | None, bool]:
+        return _parse(text)
+
+
 def _list(root, split) -> list[Path]:
     base = Path(root) / (split or "")
     return sorted(base.rglob("*.json"))
@@ -84,9 +96,7 @@ def toy() -> EnvSpec:
         make_env=GuessEnv,
         list_tasks=_list,
         family=lambda task: "odd" if json.loads(Path(task).read_text())["target"] % 2 else "even",
-        prompts=lambda style: Prompts("Guess the number.", _first, _step, _window, False),
-        parse_action=_parse,
-        task_marker="Goal:",
+        prompt=ToyPrompt(),
         description="a number-guessing game",
         report_columns=(("odd", "Odd"), ("even", "Even")),
     )
@@ -119,8 +129,8 @@ class GuessUp:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from megatron_seed.testbed.tiny import make_tiny_policy
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny import make_tiny_policy
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("toy")
     tasks = write_tasks(root / "tasks")

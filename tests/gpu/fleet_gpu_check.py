@@ -59,10 +59,10 @@ def main(transport: str, out: str) -> int:
     import ray
 
     from megatron_seed.models.convert import HFCheckpoint
+    from megatron_seed.models.tiny import make_tiny_qwen
     from megatron_seed.rollout.engine import EngineSpec, SamplingSpec
     from megatron_seed.rollout.fleet import Fleet, FleetSpec
     from megatron_seed.rollout.transfer import export_meta
-    from megatron_seed.testbed.tiny import make_tiny_qwen
 
     root = Path(tempfile.mkdtemp())
     model_dir = str(make_tiny_qwen(root / "model", vocab_size=512))

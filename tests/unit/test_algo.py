@@ -19,6 +19,7 @@ from megatron_seed.algo import (
     sequence_weights,
 )
 from megatron_seed.config import AlgoConfig
+from tests.fixtures import random_loss_inputs
 
 
 def sigmoid(x: float) -> float:
@@ -240,24 +241,10 @@ def test_use_opd_false_is_plain_grpo() -> None:
 # ---------------------------------------------------------------- micro-batch invariance
 
 
-def _random_batch(seed: int, b: int = 8, s: int = 11) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, s, generator=g) * 4
-    return {
-        "logp": old + 0.3 * torch.randn(b, s, generator=g),  # some ratios leave the clip band
-        "old_logp": old,
-        "ref_logp": old + 0.2 * torch.randn(b, s, generator=g),
-        "teacher_logp": old + torch.randn(b, s, generator=g),
-        "advantages": torch.randn(b, generator=g),
-        "mask": torch.rand(b, s, generator=g) > 0.4,
-        "opd_mask": torch.rand(b, generator=g) > 0.3,
-    }
-
-
 @pytest.mark.parametrize("splits", [[8], [3, 5], [1, 1, 2, 4], [2, 2, 2, 2]])
 def test_micro_batch_sums_reproduce_full_batch(splits: list[int]) -> None:
     cfg = dataclasses.replace(AlgoConfig(), lambda_opd=0.5, beta_kl=0.1)
-    data = _random_batch(0)
+    data = random_loss_inputs(0)
     full_logp = data["logp"].clone().requires_grad_()
     full, full_m = seed_loss(cfg, **{**data, "logp": full_logp})
     full.backward()

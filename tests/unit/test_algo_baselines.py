@@ -23,6 +23,7 @@ from megatron_seed.algo import (
     seed_loss,
 )
 from megatron_seed.config import AlgoConfig, ConfigError, SeedConfig
+from tests.fixtures import random_loss_inputs
 
 F64 = torch.float64
 
@@ -252,20 +253,6 @@ def test_masked_garbage_gives_finite_values_and_zero_gradient(name: str) -> None
 # ---------------------------------------------------------------- seed_loss wiring
 
 
-def _batch(seed: int, b: int = 8, s: int = 11) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, s, generator=g) * 4
-    return {
-        "logp": old + 0.3 * torch.randn(b, s, generator=g),  # some ratios leave the clip band
-        "old_logp": old,
-        "ref_logp": old + 0.2 * torch.randn(b, s, generator=g),
-        "teacher_logp": old + torch.randn(b, s, generator=g),
-        "advantages": torch.randn(b, generator=g),
-        "mask": torch.rand(b, s, generator=g) > 0.4,
-        "opd_mask": torch.rand(b, generator=g) > 0.3,
-    }
-
-
 def _run(cfg: AlgoConfig, data: dict, **kw) -> tuple[torch.Tensor, torch.Tensor, dict]:
     logp = data["logp"].clone().requires_grad_()
     loss, metrics = seed_loss(cfg, **{**data, "logp": logp}, **kw)
@@ -299,7 +286,7 @@ def test_default_fields_are_bitwise_todays_formula(variant: str, global_counts: 
     }[variant]
     cfg = dataclasses.replace(AlgoConfig(), **changes)
     for seed in range(3):
-        data = _batch(seed)
+        data = random_loss_inputs(seed)
         kw = dict(zip(("num_tokens", "num_opd_tokens"), count_tokens(data["mask"],
                   data["opd_mask"]), strict=True)) if global_counts else {}  # fmt: skip
         loss, grad, metrics = _run(cfg, data, **kw)  # no update= on the default path
@@ -326,7 +313,7 @@ def test_new_fields_default_to_seed() -> None:
 @pytest.mark.parametrize("beta_kl", [0.0, 0.1])
 def test_policy_weight_zero_gives_the_pure_distillation_gradient(beta_kl: float) -> None:
     cfg = AlgoConfig(policy_weight=0.0, beta_kl=beta_kl, lambda_opd=0.5)
-    data = _batch(4)
+    data = random_loss_inputs(4)
     loss, grad, metrics = _run(cfg, data)
     logp = data["logp"].clone().requires_grad_()
     t = _terms(cfg, data, logp, global_counts=False)
@@ -345,7 +332,7 @@ def test_policy_weight_zero_gives_the_pure_distillation_gradient(beta_kl: float)
 
 def test_policy_weight_scales_the_policy_term_only() -> None:
     cfg = AlgoConfig(policy_weight=0.5)
-    data = _batch(5)
+    data = random_loss_inputs(5)
     loss, grad, _ = _run(cfg, data)
     logp = data["logp"].clone().requires_grad_()
     t = _terms(cfg, data, logp, global_counts=False)
@@ -359,7 +346,7 @@ def test_policy_weight_scales_the_policy_term_only() -> None:
 ])  # fmt: skip
 def test_distill_swaps_only_the_teacher_term(distill: str, term: str, weight: str) -> None:
     cfg = AlgoConfig(distill=distill, lambda_iw=0.3, lambda_opd=0.2)  # type: ignore[arg-type]
-    data = _batch(6)
+    data = random_loss_inputs(6)
     loss, grad, metrics = _run(cfg, data)
     logp = data["logp"].clone().requires_grad_()
     t = _terms(cfg, data, logp, global_counts=False)
@@ -377,7 +364,7 @@ def test_distill_swaps_only_the_teacher_term(distill: str, term: str, weight: st
 
 def test_rlsd_reweights_the_policy_term_only_and_needs_update() -> None:
     cfg = AlgoConfig(advantage_reweight="rlsd", rlsd_decay_updates=40)
-    data = _batch(7)
+    data = random_loss_inputs(7)
     with pytest.raises(ValueError, match="update"):
         seed_loss(cfg, **data)
     loss, grad, metrics = _run(cfg, data, update=10)  # lam = 0.5 (1 - 10/40) = 0.375
@@ -426,7 +413,7 @@ OPTIONS = {
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_each_option_keeps_the_micro_batch_contract(option: str) -> None:
     cfg = dataclasses.replace(AlgoConfig(beta_kl=0.1), **OPTIONS[option])
-    data = _batch(8)
+    data = random_loss_inputs(8)
     full, full_grad, full_m = _run(cfg, data, update=20)
     n, n_opd = count_tokens(data["mask"], data["opd_mask"])
     micro_logp = data["logp"].clone().requires_grad_()

@@ -14,8 +14,8 @@ from megatron_seed import cli
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    from megatron_seed.testbed.tiny import make_tiny_policy
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny import make_tiny_policy
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("cli_errors")
     tok = build_tokenizer(["hello world, a tiny corpus"] * 4, 300)

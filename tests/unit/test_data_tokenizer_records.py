@@ -18,7 +18,7 @@ from megatron_seed.data import (
     read_jsonl,
     write_jsonl,
 )
-from megatron_seed.testbed.tokenizer import build_tokenizer
+from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
 PROBES = [
     "Your task is to: put a clean mug in coffeemachine.",
@@ -161,7 +161,7 @@ def test_ids_identical_when_loaded_from_a_qwen2_model_folder(tmp_path, tiny_toke
 
     from transformers import AutoTokenizer
 
-    from megatron_seed.testbed.tokenizer import save_tokenizer
+    from megatron_seed.models.tiny_tokenizer import save_tokenizer
 
     save_tokenizer(tiny_tokenizer, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 512}))

@@ -16,10 +16,17 @@ from envs.api import EnvSpec, Prompts
 class NoRun:  # a task command without run()
     def add_arguments(self, parser): ...
 
+class Prompt:
+    TASK_MARKER = None
+
+    def prompt_style(self, name):
+        return Prompts(None, lambda g, o, a: g, lambda s, o, a: o, lambda *a: "")
+
+    def parse_action(self, text):
+        return text, True
+
 def _spec(**plugins):
-    style = Prompts(None, lambda g, o, a: g, lambda s, o, a: o, lambda *a: "")
-    return EnvSpec("t", dict, lambda root, split: [], str, lambda name: style,
-                   lambda text: (text, True), **plugins)
+    return EnvSpec("t", dict, lambda root, split: [], str, Prompt(), **plugins)
 
 def good():
     return _spec(plan=lambda task: int(task) and ["look"])

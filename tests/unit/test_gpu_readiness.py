@@ -247,7 +247,7 @@ def test_loaded_models_skip_random_init_and_gpu_ranks_get_one_cuda_queue(monkeyp
 
 def test_tp_ranks_read_only_their_shard_and_get_what_the_whole_tensor_gives(tmp_path):
     from megatron_seed.models.convert import HFCheckpoint, hf_tensor_for, interleave_qkv
-    from megatron_seed.testbed.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny import make_tiny_qwen
 
     make_tiny_qwen(tmp_path)  # 6 query heads in 2 KV groups: one group per TP rank
     ckpt = HFCheckpoint(tmp_path)

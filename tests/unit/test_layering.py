@@ -88,7 +88,7 @@ def test_no_command_but_the_default_job_lives_in_the_test_bed(into_test_bed: lis
 def test_the_checker_sees_a_test_bed_import(tmp_path: Path, monkeypatch) -> None:
     """The same check names the command and the module that do import the test bed, and
     only those."""
-    (tmp_path / "bad_module.py").write_text("import megatron_seed.testbed.tiny\n")
+    (tmp_path / "bad_module.py").write_text("import megatron_seed.testbed.profiles\n")
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{REPO}")
     modules = {
         "seed games": "megatron_seed.pipeline.commands_games",
@@ -214,7 +214,7 @@ def test_training_and_the_sft_sequences_never_import_the_rollout_side() -> None:
     code = (
         "from megatron_seed.pipeline.stage1 import sft_sequence\n"
         "from megatron_seed.benchmarks.synthetic import annotated_record\n"
-        "from megatron_seed.testbed.tokenizer import build_tokenizer\n"
+        "from megatron_seed.models.tiny_tokenizer import build_tokenizer\n"
         "tok = build_tokenizer(['hello world'], 300)\n"
         "record = annotated_record('g', True, 'open the drawer before taking the key')\n"
         "for layout in ('record', 'continuation'):\n"

@@ -11,7 +11,7 @@ import torch
 
 from megatron_seed.models.convert import interleave_qkv, split_qkv
 from megatron_seed.models.qwen import ModelConfigError, QwenSpec
-from megatron_seed.testbed.tiny import TINY_QWEN2, make_tiny_qwen
+from megatron_seed.models.tiny import TINY_QWEN2, make_tiny_qwen
 
 
 def _spec(**kw):

@@ -141,7 +141,7 @@ def test_a_template_the_builder_does_not_follow_fails_loud() -> None:
 
 
 def test_a_tokenizer_without_chat_template_is_not_checked() -> None:
-    from megatron_seed.testbed.tokenizer import build_tokenizer
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     tok = build_tokenizer(["go to cabinet 1, open it"] * 4, 300)
     tok.chat_template = None

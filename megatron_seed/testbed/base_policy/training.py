@@ -146,10 +146,10 @@ def train_policy(
     import pickle
 
     from megatron_seed.models.parallel import spawn
+    from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
     from megatron_seed.pipeline.stage1 import answer_text, sft_sequence
     from megatron_seed.skills.prompt import analyzer_messages
-    from megatron_seed.testbed.tiny import make_tiny_qwen
-    from megatron_seed.testbed.tokenizer import build_tokenizer
 
     env = get_env(settings.env)
     tok_dir = work / TOKENIZER_SUBDIR

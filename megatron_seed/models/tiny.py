@@ -20,16 +20,12 @@ TINY_QWEN2 = dict(
     rope_theta=10000.0,
 )
 TINY_QWEN3 = dict(
+    TINY_QWEN2,
     model_type="qwen3",
-    vocab_size=256,
     hidden_size=96,
     intermediate_size=192,
-    num_hidden_layers=4,
     num_attention_heads=4,
-    num_key_value_heads=2,
     head_dim=32,
-    max_position_embeddings=2048,
-    tie_word_embeddings=False,
     rope_theta=1000000.0,
 )
 
@@ -74,7 +70,7 @@ def make_tiny_policy(
 ) -> Path:
     """A random tiny Qwen2 for `tokenizer` (vocab rounded up to a multiple of 4, FFN twice the
     hidden size, head_dim hidden/heads) with the tokenizer's files beside it."""
-    from megatron_seed.testbed.tokenizer import save_tokenizer
+    from megatron_seed.models.tiny_tokenizer import save_tokenizer
 
     out = make_tiny_qwen(
         out_dir,

@@ -1,4 +1,4 @@
-"""A tiny Qwen-style byte-level BPE tokenizer for tests and the default CPU job (test bed).
+"""A tiny Qwen-style byte-level BPE tokenizer for tests, benchmarks and the default CPU job.
 
 Trained with the `tokenizers` library, wrapped as a transformers `PreTrainedTokenizerFast`
 (in transformers 5 that class is `TokenizersBackend`). It has Qwen's three special tokens
