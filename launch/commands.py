@@ -26,15 +26,20 @@ from megatron_seed.errors import CommandError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `seed launch`."""
     parser.add_argument("recipe", help=f"one of: {', '.join(recipes.RECIPES)}")
-    parser.add_argument("--executor", choices=("local", "slurm"), default="local")
-    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="torchrun here, or a Slurm job (sbatch)",
+    )
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the job")
     parser.add_argument(
         "--dryrun", action="store_true", help="print the job script, submit nothing"
     )
     lay = parser.add_argument_group("layout overrides (default: the recipe's)")
     lay.add_argument("--tp", type=int, help="trainer tensor parallel size")
     lay.add_argument("--pp", type=int, help="trainer pipeline parallel size")
-    lay.add_argument("--gpus-per-node", type=int)
+    lay.add_argument("--gpus-per-node", type=int, help="GPUs on each node")
     lay.add_argument("--fleet-gpus", type=int, help="fleet GPUs in total (split evenly over nodes)")
     lay.add_argument("--engine-tp", type=int, help="GPUs per vLLM engine")
     lay.add_argument(
@@ -63,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     slurm.add_argument("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME, e.g. ib0")
     slurm.add_argument("--nccl-ib-hca", help="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1")
-    slurm.add_argument("--account")
-    slurm.add_argument("--partition")
-    slurm.add_argument("--time", default="04:00:00")
+    slurm.add_argument("--account", help="Slurm account (sbatch --account)")
+    slurm.add_argument("--partition", help="Slurm partition (sbatch --partition)")
+    slurm.add_argument("--time", default="04:00:00", help="Slurm time limit (HH:MM:SS)")
     slurm.add_argument("--container-image", help="pyxis/enroot image; omit for bare metal")
     slurm.add_argument("--mount", action="append", default=[], help="SRC:DST container mount")
     slurm.add_argument(

@@ -1,4 +1,5 @@
-"""The `seed` command.
+"""The `seed` command: SEED (self-evolving on-policy distillation) for LLM agents, from the
+default job on this machine to multi-node Slurm runs.
 
 Each subcommand lives in its own module, imported only when that subcommand runs (so
 `seed games` never imports Megatron and `seed convert` never imports alfworld). A module
@@ -12,8 +13,10 @@ import argparse
 import importlib
 import inspect
 import sys
+from typing import Any
 
 from megatron_seed.errors import CommandError
+from megatron_seed.startup import quiet_third_party
 
 # name -> (module, one-line help); only the default job's module is in the test bed
 DEFAULT_JOB = "run"
@@ -58,18 +61,49 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with each flag's default where it has one and its help does not
+    already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS) or default == []:
+            return text
+        if not action.option_strings and action.nargs is None:
+            return text  # a positional argument: required, no default
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser; subcommand modules are imported only to fill their parser."""
-    parser = argparse.ArgumentParser(prog="seed", description=__doc__.splitlines()[0])
+    description = " ".join(__doc__.split("\n\n")[0].split())
+    parser = argparse.ArgumentParser(prog="seed", description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+def command_parser(name: str, argv: list[str]) -> tuple[Any, argparse.ArgumentParser]:
+    """The module of command ``name`` and its parser (``argv``: the command's arguments,
+    for commands whose flags depend on them, as `seed games --env NAME`)."""
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(
+        prog=f"seed {name}", description=help_text, formatter_class=HelpFormatter
+    )
+    if "argv" in inspect.signature(module.add_arguments).parameters:
+        module.add_arguments(parser, argv=argv)  # its flags depend on what is given
+    else:
+        module.add_arguments(parser)
+    return module, parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `seed` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_third_party()
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser = build_parser()
         if argv and argv[0] not in ("-h", "--help"):
@@ -77,14 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    module_name, help_text = COMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"seed {name}", description=help_text)
     try:
-        if "argv" in inspect.signature(module.add_arguments).parameters:
-            module.add_arguments(parser, argv=rest)  # its flags depend on what is given
-        else:
-            module.add_arguments(parser)
+        module, parser = command_parser(name, rest)
         args = parser.parse_args(rest)
         return int(module.run(args) or 0)
     except CommandError as err:

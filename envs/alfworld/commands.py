@@ -12,9 +12,9 @@ from envs.alfworld.games import FAMILIES, SPLIT_DIRS, RoomSize, generate_games
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``seed games``."""
     parser.add_argument("--out", required=True, help="output folder (json_2.1.1 layout)")
-    parser.add_argument("--split", required=True, choices=sorted(SPLIT_DIRS))
+    parser.add_argument("--split", required=True, choices=sorted(SPLIT_DIRS), help="which split")
     parser.add_argument("--n", type=int, required=True, help="number of games")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generator")
     parser.add_argument(
         "--receptacles",
         type=int,

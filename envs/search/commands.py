@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="task folder")
     parser.add_argument("--split", required=True, help=f"{'/'.join(SPLITS)} (any name for parquet)")
     parser.add_argument("--n", type=int, default=None, help="number of tasks (parquet: all rows)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generator")
     parser.add_argument("--corpus-size", type=int, default=DEFAULT_CORPUS_SIZE,
                         help="passages in the generated corpus")  # fmt: skip
     parser.add_argument("--max-hops", type=int, default=DEFAULT_MAX_HOPS,

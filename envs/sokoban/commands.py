@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder (<out>/<split>/<family>/)")
     parser.add_argument("--split", required=True, help="train, seen or unseen")
     parser.add_argument("--n", type=int, required=True, help="number of rooms")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generator")
     parser.add_argument(
         "--num-steps",
         type=int,

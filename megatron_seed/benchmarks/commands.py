@@ -33,10 +33,12 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("what", choices=["scoring", "attention", "memory", "phases", "sync"])
+    parser.add_argument(
+        "what", choices=["scoring", "attention", "memory", "phases", "sync"], help="benchmark"
+    )
     parser.add_argument("--out", default=None, help="results file (default bench/WHAT.json)")
-    parser.add_argument("--turns", type=int, default=30)
-    parser.add_argument("--trajectories", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=30, help="scoring: turns per trajectory")
+    parser.add_argument("--trajectories", type=int, default=4, help="scoring: trajectories")
     parser.add_argument(
         "--rounds", type=int, default=3, help="timed rounds (phases: updates of each variant)"
     )
@@ -56,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="phases: more variants (grpo/overlap-free, seed/overlap-free, seed/overlap-mixed, "
         "seed/overlap-uncertain, seed/overlap-retry)",
     )
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=256, help="model width (head_dim 64)")
     parser.add_argument("--layers", type=int, default=None, help="default 4 (memory: 2)")
     parser.add_argument("--shape", default="qwen2.5-0.5b", help="memory: a recipes.SHAPES name")
     parser.add_argument(
@@ -66,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunk", type=int, default=None, help="memory: logit_chunk_tokens (default: the config's)"
     )
     parser.add_argument("--engines", type=int, default=2, help="sync: vLLM engines")
-    parser.add_argument("--bucket-mb", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument(
+        "--bucket-mb", type=int, nargs="+", default=[16, 64, 256], help="sync: bucket sizes"
+    )
     parser.add_argument("--prompts", type=int, default=64, help="sync: rollout prompts")
     parser.add_argument("--max-tokens", type=int, default=128, help="sync: tokens per prompt")
     parser.add_argument("--skip-sync", action="store_true", help="sync: the rollout part only")

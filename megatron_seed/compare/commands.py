@@ -30,7 +30,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from envs.spec import DEFAULT_ENV
+from envs.spec import DEFAULT_ENV, ENV_HELP
 from megatron_seed import recipes
 from megatron_seed.compare.job import apply_method, run_method_job
 from megatron_seed.compare.report import merge_summaries, phase_seconds, skill_rows, write_summary
@@ -78,8 +78,10 @@ def positive(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     add_job_arguments(parser)
-    parser.add_argument("--env", default=DEFAULT_ENV, help="environment (envs.spec names)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--env", default=DEFAULT_ENV, help=ENV_HELP)
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="one job per method and seed"
+    )
     parser.add_argument(
         "--methods",
         nargs="+",

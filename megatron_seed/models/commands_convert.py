@@ -20,12 +20,16 @@ from megatron_seed.models.checks import validate_hf_dir
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("direction", choices=["hf-to-megatron", "megatron-to-hf", "hf-to-hf"])
+    parser.add_argument(
+        "direction",
+        choices=["hf-to-megatron", "megatron-to-hf", "hf-to-hf"],
+        help="which way to convert",
+    )
     parser.add_argument("--hf", help="HF checkpoint folder (input)")
     parser.add_argument("--megatron", help="Megatron checkpoint folder (input)")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
 
 
 def _convert_worker(direction: str, src: str, out: str, tp: int, pp: int) -> str:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps")
     parser.add_argument("--out", default=None, help="where to write the tiny checkpoint")
 
 

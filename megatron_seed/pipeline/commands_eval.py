@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.spec import DEFAULT_ENV, EnvSpecError, get_env
+from envs.spec import DEFAULT_ENV, ENV_HELP, EnvSpecError, get_env
 from megatron_seed.errors import CommandError
 
 SCRIPTED = ("expert", "random")
@@ -46,7 +46,7 @@ SCRIPTED = ("expert", "random")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("--env", default=DEFAULT_ENV, help="environment (envs.spec names)")
+    parser.add_argument("--env", default=DEFAULT_ENV, help=ENV_HELP)
     parser.add_argument("--games", required=True, help="task folder (as `seed games` writes)")
     parser.add_argument("--split", default=None, help="one split of the folder (default: all)")
     parser.add_argument(
@@ -54,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--episodes", type=int, default=1, help="episodes per task")
     parser.add_argument("--temperature", type=float, default=None, help="model sampling")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="sampling seed (and the random policy's)"
+    )
     parser.add_argument(
         "--max-steps",
         type=int,

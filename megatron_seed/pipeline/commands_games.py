@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 
 from envs.api import TaskCommand
-from envs.spec import DEFAULT_ENV, EnvSpecError, get_env
+from envs.spec import DEFAULT_ENV, ENV_HELP, EnvSpecError, get_env
 from megatron_seed.errors import CommandError, output_dir
 
 
 def _env_name(argv: list[str]) -> str:
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--env", default=DEFAULT_ENV)
+    pre.add_argument("--env", default=DEFAULT_ENV, help=ENV_HELP)
     return pre.parse_known_args(argv)[0].env
 
 
@@ -32,7 +32,7 @@ def _command(name: str) -> TaskCommand:
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """``--env`` plus the chosen environment's own flags."""
-    parser.add_argument("--env", default=DEFAULT_ENV, help="environment (envs.spec names)")
+    parser.add_argument("--env", default=DEFAULT_ENV, help=ENV_HELP)
     command = _command(_env_name(argv))  # CommandError: a one-line error, exit code 2
     command.add_arguments(parser)
     parser.set_defaults(_env_command=command)

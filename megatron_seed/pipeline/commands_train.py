@@ -28,7 +28,7 @@ import json
 import os
 from pathlib import Path
 
-from envs.spec import EnvSpecError, get_env
+from envs.spec import ENV_HELP, EnvSpecError, get_env
 from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.methods import METHODS, get_method
 
@@ -42,15 +42,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--games", default=os.environ.get("SEED_GAMES_DIR"), help="game folder (train split)"
     )
     parser.add_argument("--eval-games", default=None, help="game folder for periodic evaluation")
-    parser.add_argument("--eval-every", type=int, default=0)
-    parser.add_argument("--out", default=os.environ.get("SEED_OUT_DIR", "runs/train"))
+    parser.add_argument(
+        "--eval-every", type=int, default=0, help="evaluate every N updates (0: never)"
+    )
+    parser.add_argument(
+        "--out",
+        default=os.environ.get("SEED_OUT_DIR", "runs/train"),
+        help="run folder (or $SEED_OUT_DIR)",
+    )
     parser.add_argument("--recipe", default=None, help="a recipe from megatron_seed/recipes.py")
     parser.add_argument("--config-json", default=None, help="config changes (JSON text or file)")
-    parser.add_argument("--updates", type=int, default=None)
-    parser.add_argument("--tp", type=int, default=None)
-    parser.add_argument("--pp", type=int, default=None)
-    parser.add_argument("--dp", type=int, default=1)
-    parser.add_argument("--env", default=None, help="environment (default: the config's)")
+    parser.add_argument(
+        "--updates", type=int, default=None, help="Stage-2 updates (default: the config's)"
+    )
+    parser.add_argument(
+        "--tp", type=int, default=None, help="tensor-parallel size (default: the config's)"
+    )
+    parser.add_argument(
+        "--pp", type=int, default=None, help="pipeline-parallel size (default: the config's)"
+    )
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    parser.add_argument("--env", default=None, help=ENV_HELP + " (default: the config's)")
     parser.add_argument("--engines", type=int, default=None, help="vLLM engines (fleet.engines)")
     parser.add_argument("--env-workers", type=int, default=None, help="env worker processes")
     parser.add_argument("--grpo", action="store_true", help="plain GRPO (no analyzer, no OPD)")

@@ -12,6 +12,7 @@ started and closes only that.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import replace
@@ -24,6 +25,7 @@ from megatron_seed.config import SeedConfig
 from megatron_seed.data import check_chat_template
 from megatron_seed.rollout.agent_loop import AgentLoop, PlayResult, Task, make_tasks
 from megatron_seed.rollout.engine import EngineSpec
+from megatron_seed.startup import ray_auth_env
 
 
 def engine_spec(cfg: SeedConfig, model_dir: str | Path) -> EngineSpec:
@@ -70,8 +72,14 @@ def init_ray(cfg: SeedConfig, address: str | None = None) -> None:
 
     if ray.is_initialized():
         return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,  # not Ray's "Started a local Ray instance." lines
+    }
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:  # a new cluster: its token in the environment, not the home folder
+        os.environ.update(ray_auth_env(os.environ))
     gpus = math.ceil(cfg.fleet.engines * cfg.fleet.gpus_per_engine)
     if address is None and gpus > 0:
         import torch

@@ -22,14 +22,20 @@ from megatron_seed.testbed.profiles import PROFILES
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     add_job_arguments(parser)
-    parser.add_argument("--env", choices=sorted(PROFILES), default=ENV)
+    parser.add_argument(
+        "--env", choices=sorted(PROFILES), default=ENV, help="the environment the job plays"
+    )
     parser.add_argument(
         "--out",
         default=None,
         help="output folder (default runs/default[-quick]; other envs: runs/ENV[-quick])",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--algo", choices=list(METHODS), default="seed")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the games, the base policy and training"
+    )
+    parser.add_argument(
+        "--algo", choices=list(METHODS), default="seed", help="the method (Table 1 and ablations)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
