@@ -49,6 +49,28 @@ def apply_method(cfg: SeedConfig, algo: str) -> SeedConfig:
     return cfg
 
 
+class Phases:
+    """``[phase k/n] name (t s)`` lines: where a long job is, out of how much."""
+
+    def __init__(self, names: list[str], started: float | None = None) -> None:
+        self.names, self.done = names, 0
+        self.started = time.time() if started is None else started
+
+    def start(self, name: str) -> None:
+        """Announce phase ``name`` (one of ``names``, in order)."""
+        self.done = self.names.index(name, self.done) + 1
+        took = time.time() - self.started
+        print(f"[phase {self.done}/{len(self.names)}] {name} ({took:.0f} s in)", flush=True)
+
+
+def method_phases(method: Method, user_library: bool = False) -> list[str]:
+    """The phases `run_method_job` runs for ``method``."""
+    names = ["skill library"] if method.needs_library and not user_library else []
+    names += ["stage 1"] if method.stage1 else []
+    names += ["stage 2"] if method.trains else []
+    return [*names, "evaluation", "report"]
+
+
 def run_method_job(
     out: Path,
     base: Path,
@@ -64,6 +86,7 @@ def run_method_job(
     library_dir: str | Path | None = None,
     user_library: str | Path | None = None,
     title: str | None = None,
+    phases: Phases | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) method ``algo`` from the ``base`` HF folder on ``games`` (train, seen,
     unseen task paths) with ``cfg`` (`apply_method`'s); returns the evaluations and facts of
@@ -74,9 +97,11 @@ def run_method_job(
     the job began (its wall time; default now); ``base_root``: where the base's evaluation is
     cached for the jobs that share it; ``library_dir``: where the family skill library is
     built (default OUT/library), ``user_library``: a library folder to use instead;
-    ``title``: the environment's name in the report (default its registry name)."""
+    ``title``: the environment's name in the report (default its registry name);
+    ``phases``: the job's phase lines (default: this method's phases)."""
     method = method_of(algo)
     started = time.time() if started is None else started
+    phases = phases or Phases(method_phases(method, bool(user_library)), started)
     out.mkdir(parents=True, exist_ok=True)
     fleet = JobFleet(base, cfg)
     try:
@@ -84,15 +109,18 @@ def run_method_job(
         if method.needs_library:
             library = Path(user_library) if user_library else Path(library_dir or out / "library")
             if not user_library:
+                phases.start("skill library")
                 stage1_games = games["train"][:stage1_tasks]
                 facts["library"] = build_library(library, base, stage1_games, cfg, fleet)
         init = base
         if method.stage1:
+            phases.start("stage 1")
             init = run_stage1(out, base, games["train"][:stage1_tasks], cfg, fleet)
             facts["stage1"] = _progress(out)["sft"]
         models: dict[str, tuple[Path, bool]] = {BASE_LABEL: (base, False)}
         final = base
         if method.trains:
+            phases.start("stage 2")
             final = run_stage2_job(out, init, games["train"], cfg, fleet, library)
             if method.stage1:
                 models["Stage-1 SFT"] = (init, False)
@@ -100,6 +128,7 @@ def run_method_job(
                 models[method.label] = (final, False)
         if method.eval_skill_label:
             models[method.eval_skill_label] = (final, True)
+        phases.start("evaluation")
         evaluations = evaluate_models(
             out, models, games, train_eval_episodes, cfg, fleet, library, base_root
         )
@@ -109,6 +138,7 @@ def run_method_job(
     if "wall_minutes" not in _progress(out):  # the run that finished the job, not a rerun
         _mark(out, "wall_minutes", round((time.time() - started) / 60, 1))
     facts["wall_minutes"] = _progress(out)["wall_minutes"]
+    phases.start("report")
     report = write_report(out, evaluations, facts, cfg.env.name, title)
     print(f"report: {report}")
     return {"evaluations": evaluations, "facts": facts}

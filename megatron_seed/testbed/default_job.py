@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from envs.spec import get_env
-from megatron_seed.compare.job import apply_method, method_of, run_method_job
+from megatron_seed.compare.job import (
+    Phases,
+    apply_method,
+    method_of,
+    method_phases,
+    run_method_job,
+)
 from megatron_seed.config import SeedConfig
 from megatron_seed.testbed import ENV
 from megatron_seed.testbed.profiles import ALFWORLD, JobSize, profile
@@ -119,6 +125,9 @@ def run_default_job(
     out.mkdir(parents=True, exist_ok=True)
     cfg = job_config(size, algo, seed, env, updates)
     t0 = time.time()
+    own = method_phases(method_of(algo), user_library is not None)
+    phases = Phases(["games", "base policy", *own], t0)
+    phases.start("games")
     games_root = Path(games_dir or out / "games")
     games = _games(games_root, size, seed, env)
     print(
@@ -126,6 +135,7 @@ def run_default_job(
         f"unseen {len(games['unseen'])}"
     )
     base_root = Path(base_dir or out / "base")
+    phases.start("base policy")
     # the Stage-2 training games are among the base policy's behaviour-cloning games
     base = build_base_policy(
         base_root, quick=quick, seed=seed, games_dir=games_root, measure=False, env=env
@@ -147,6 +157,7 @@ def run_default_job(
         library_dir=library_dir,
         user_library=user_library,
         title=profile(env).title,
+        phases=phases,
     )
 
 

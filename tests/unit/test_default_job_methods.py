@@ -110,3 +110,19 @@ def test_updates_override_reaches_the_config_and_rlsd_schedule():
     assert job_config(QUICK, "seed", updates=3).updates == 3
     assert job_config(QUICK, "rlsd", updates=3).algo.rlsd_decay_updates == 2
     assert job_config(QUICK, "rlsd").algo.rlsd_decay_updates == 8
+
+
+def test_the_job_announces_each_phase_out_of_its_total(capsys):
+    from megatron_seed.compare.job import Phases, method_phases
+
+    assert method_phases(method_of("seed")) == ["stage 1", "stage 2", "evaluation", "report"]
+    assert method_phases(method_of("vanilla")) == ["evaluation", "report"]
+    assert method_phases(method_of("skill-prompt"))[0] == "skill library"
+    assert method_phases(method_of("skill-prompt"), user_library=True)[0] == "evaluation"
+    phases = Phases(["games", *method_phases(method_of("grpo"))], started=0.0)
+    phases.start("games")
+    phases.start("evaluation")  # stage 2 resumed as done: skipped, the count still right
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" (")[0] for ln in lines] == ["[phase 1/4] games", "[phase 3/4] evaluation"]
+    with pytest.raises(ValueError):
+        phases.start("games")  # phases run in order
