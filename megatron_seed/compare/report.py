@@ -36,16 +36,33 @@ def method_table(
 
 
 def table(rows: dict[str, dict[str, Any]], split: str, env: str = DEFAULT_ENV) -> str:
-    """Markdown table: one row per method, success (%) per family, the average and the mean
-    episode length."""
+    """Markdown table: one row per method, success (%) per family with its episodes in
+    parentheses, the average over families, the mean episode length and the episodes."""
     cells = {}
     for method, result in rows.items():
         r = result[split]
+        counts = r.get("per_family_episodes", {})
         cells[method] = [
-            f"{100 * r['per_family'][f]:.1f}" if f in r["per_family"] else "–"
+            _rate(r["per_family"][f], counts.get(f)) if f in r["per_family"] else "–"
             for f, _ in family_columns(env)
-        ] + [f"{100 * r['macro_avg']:.1f}", f"{r['episode_length']:.1f}"]
-    return method_table(cells, env, extra=("Len",))
+        ] + [f"{100 * r['macro_avg']:.1f}", f"{r['episode_length']:.1f}", str(r["episodes"])]
+    return method_table(cells, env, extra=("Len", "Episodes"))
+
+
+def _rate(rate: float, episodes: int | None) -> str:
+    """A success rate in %, with the episodes behind it where they are known."""
+    return f"{100 * rate:.1f}" + (f" ({episodes})" if episodes is not None else "")
+
+
+def _fact(value: Any) -> str:
+    """A fact of the run as text: a nested dict as ``key value; key value`` (nested in
+    parentheses), numbers as they are."""
+    if isinstance(value, dict):
+        parts = [f"{k.replace('_', ' ')} {_fact(v)}" for k, v in value.items()]
+        return "; ".join(parts) if parts else "–"
+    if isinstance(value, list | tuple):
+        return ", ".join(_fact(v) for v in value)
+    return str(value)
 
 
 def plot_curves(metrics_path: Path, out_png: Path) -> Path | None:
@@ -96,13 +113,20 @@ def write_report(
     if metrics.is_file():
         png = plot_curves(metrics, out_dir / "curves.png")
     lines = ["# megatron-seed default job: report", ""]
-    lines += [f"- {k}: {json.dumps(v) if isinstance(v, dict) else v}" for k, v in facts.items()]
-    lines += [
-        "",
-        "Success rate (%) without skills at evaluation (rows marked * play with the skill "
-        "library's text in every prompt); Len = mean episode length (steps).",
-        "",
-    ]
+    for key, value in facts.items():
+        if isinstance(value, dict):  # a block of its own, one line per entry
+            lines.append(f"- {key.replace('_', ' ')}:")
+            lines += [f"  - {k.replace('_', ' ')}: {_fact(v)}" for k, v in value.items()]
+        else:
+            lines.append(f"- {key.replace('_', ' ')}: {_fact(value)}")
+    legend = (
+        "Success rate (%) at evaluation, with the episodes behind it in parentheses; Avg = "
+        "the mean over the families played; Len = mean episode length (steps); Episodes = "
+        "all episodes of the row; – = no task of that family in this split."
+    )
+    if any("*" in name for name in evaluations):
+        legend += " Rows marked * play with the skill library's text in every prompt."
+    lines += ["", legend, ""]
     name = title or env
     titles = {
         "seen": f"{name} (seen)",

@@ -1,0 +1,34 @@
+"""The run report reads as text: facts as bullets (no JSON), the episodes behind every rate,
+a legend for its marks, the starred-row note only where a row is starred."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from megatron_seed.compare.report import write_report
+
+
+def _split(rate: float, n: int) -> dict:
+    return {
+        "episodes": n, "per_family": {"pick": rate}, "per_family_episodes": {"pick": n},
+        "macro_avg": rate, "success": rate, "episode_length": 7.5, "decoding": "T=0",
+    }  # fmt: skip
+
+
+def _report(tmp_path: Path, rows: dict) -> str:
+    facts = {"seed": 0, "base_policy": {"games": 6, "demonstrations": {"noisy": 48}}}
+    return write_report(tmp_path, rows, facts, "alfworld", "ALFWorld").read_text()
+
+
+def test_facts_rates_and_legend(tmp_path: Path) -> None:
+    text = _report(tmp_path, {"SEED": {"seen": _split(0.25, 8)}})
+    assert "{" not in text  # no raw JSON
+    assert "- base policy:\n  - games: 6\n  - demonstrations: noisy 48\n" in text
+    assert "| SEED | 25.0 (8) | – | – | – | – | – | 25.0 | 7.5 | 8 |" in text
+    assert "– = no task of that family" in text and "in parentheses" in text
+    assert "marked *" not in text  # no starred row, no note
+
+
+def test_the_starred_note_only_with_a_starred_row(tmp_path: Path) -> None:
+    rows = {"Skill-Prompt*": {"seen": _split(0.5, 4)}}
+    assert "Rows marked * play with the skill library" in _report(tmp_path, rows)
