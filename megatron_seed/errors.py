@@ -27,3 +27,13 @@ def output_dir(path: str | Path, flag: str = "--out") -> Path:
                 raise CommandError(f"{flag} {out}: {p} exists and is not a folder")
             break
     return out
+
+
+def output_file(path: str | Path, flag: str = "--out") -> Path:
+    """An output file that may be written: `CommandError` if the path is a folder or lies
+    under an existing file (checked before any work)."""
+    out = Path(path)
+    if out.is_dir():
+        raise CommandError(f"{flag} {out} is a folder; name a file")
+    output_dir(out.parent, flag)
+    return out

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.spec import DEFAULT_ENV, ENV_HELP, EnvSpecError, get_env
-from megatron_seed.errors import CommandError
+from megatron_seed.errors import CommandError, output_file
 
 SCRIPTED = ("expert", "random")
 
@@ -246,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
     """Play the policy, print the table, write ``--out``."""
     if args.episodes < 1:
         raise CommandError(f"--episodes must be at least 1, got {args.episodes}")
+    if args.out:
+        output_file(args.out)
     spec = env_spec(args.env)
     tasks = env_tasks(spec, args.games, args.split)
     if not tasks:

@@ -154,6 +154,10 @@ def build_job(args: argparse.Namespace):
         raise CommandError("--model DIR is required (or set SEED_MODEL_DIR)")
     if not args.games:
         raise CommandError("--games DIR is required (or set SEED_GAMES_DIR)")
+    if args.dp < 1:
+        raise CommandError(f"--dp must be at least 1, got {args.dp}")
+    if args.eval_every < 0:
+        raise CommandError(f"--eval-every must be at least 0, got {args.eval_every}")
     cfg = build_config(args)
     import torch
 
@@ -172,7 +176,12 @@ def build_job(args: argparse.Namespace):
         raise CommandError(f"{args.model} has no tokenizer.json")
     from transformers import AutoTokenizer
 
-    if len(AutoTokenizer.from_pretrained(args.model)) > spec.vocab_size:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    except Exception as err:  # tokenizers reports a bad file as a plain Exception
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CommandError(f"{args.model}: unreadable tokenizer ({first})") from None
+    if len(tokenizer) > spec.vocab_size:
         raise CommandError("the tokenizer has more tokens than the model's vocab_size")
     try:
         env = get_env(cfg.env.name)
@@ -187,6 +196,8 @@ def build_job(args: argparse.Namespace):
     from megatron_seed.pipeline.stage2 import check_job
     from megatron_seed.skills.library import game_skills
 
+    if args.replay_data:
+        _check_records(Path(args.replay_data), "--replay-data")
     try:
         job = Stage2Job(
             model_dir=str(args.model),
@@ -201,9 +212,20 @@ def build_job(args: argparse.Namespace):
         check_job(job)
     except ValueError as err:
         raise CommandError(str(err)) from None
-    if args.replay_data and not Path(args.replay_data).is_file():
-        raise CommandError(f"--replay-data {args.replay_data} is not a file")
     return job
+
+
+def _check_records(path: Path, flag: str) -> None:
+    """Every line of ``path`` is a trajectory record of this schema (read before any work)."""
+    from megatron_seed.data import read_jsonl
+
+    if not path.is_file():
+        raise CommandError(f"{flag} {path} is not a file")
+    try:
+        for _ in read_jsonl(path):
+            pass
+    except ValueError as err:
+        raise CommandError(f"{flag} {path}: not a file of trajectory records ({err})") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -115,3 +115,70 @@ def test_unreadable_records_and_unknown_names(model: Path, tmp_path: Path, capsy
         ["games", "--env", "nope", "--out", str(tmp_path / "g")],
         "unknown environment 'nope'",
     )
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+# (name, the command line built from (model, games, tmp), what the one line says); each
+# fails before anything is computed or written (`out` below is never created)
+BAD = [
+    ("train: data parallel 0", lambda m, g, t: ["train", *_job(m, g, t), "--dp", "0"], "--dp"),
+    (
+        "train: negative evaluation period",
+        lambda m, g, t: ["train", *_job(m, g, t), "--eval-every", "-1"],
+        "--eval-every",
+    ),
+    (
+        "train: truncated tokenizer.json",
+        lambda m, g, t: ["train", *_job(_cut(m, t, "tokenizer.json"), g, t)],
+        "unreadable tokenizer",
+    ),
+    (
+        "train: replay data that is not records",
+        lambda m, g, t: ["train", *_job(m, g, t), "--replay-data", str(_text(t, "{'x'"))],
+        "not a file of trajectory records",
+    ),
+    (
+        "train: missing replay data",
+        lambda m, g, t: ["train", *_job(m, g, t), "--replay-data", str(t / "none.jsonl")],
+        "is not a file",
+    ),
+    (
+        "eval: output that is a folder",
+        lambda m, g, t: ["eval", "--games", str(g), "--policy", "random", "--out", str(t)],
+        "is a folder",
+    ),
+    (
+        "eval: zero episodes",
+        lambda m, g, t: ["eval", "--games", str(g), "--policy", "random", "--episodes", "0"],
+        "--episodes",
+    ),
+]
+
+
+def _job(model: Path, games: Path, tmp: Path) -> list[str]:
+    return ["--model", str(model), "--games", str(games / "train"), "--out", str(tmp / "out")]
+
+
+def _cut(model: Path, tmp: Path, name: str) -> Path:
+    copy = _copy(model, tmp / "cut")
+    data = (copy / name).read_bytes()
+    (copy / name).write_bytes(data[: len(data) // 2])
+    return copy
+
+
+def _text(tmp: Path, text: str) -> Path:
+    path = tmp / "bad.jsonl"
+    path.write_text(text + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("argv", "needle"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_table(argv, needle, model, alfworld_games, tmp_path, capsys):
+    _fails(capsys, argv(model, alfworld_games, tmp_path), needle)
+    assert not (tmp_path / "out").exists()
