@@ -45,24 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key"
     )
-    parser.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default=defaults.analyzer_layout,
-        help="the analyzer prompt's layout",
-    )
-    parser.add_argument(
-        "--max-tokens", type=int, default=defaults.max_tokens, help="tokens per analysis"
-    )
-    parser.add_argument(
-        "--max-retries",
-        type=int,
-        default=defaults.max_retries,
-        help="re-asks after an unparseable reply",
-    )
-    parser.add_argument(
-        "--min-words", type=int, default=defaults.min_words, help="shortest valid skill"
-    )
+    d = defaults  # the skill config's
+    parser.add_argument("--layout", choices=LAYOUTS, default=d.analyzer_layout, help="prompt")
+    parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="per analysis")
+    parser.add_argument("--max-retries", type=int, default=d.max_retries, help="re-asks")
+    parser.add_argument("--min-words", type=int, default=d.min_words, help="shortest skill")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per HTTP request")
     parser.add_argument("--max-attempts", type=int, default=6, help="HTTP attempts per request")
     parser.add_argument("--backoff", type=float, default=1.0, help="first backoff delay (s)")
