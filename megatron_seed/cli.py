@@ -85,12 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser whose usage errors are one line (`CommandError`), not a usage
+    block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CommandError(f"{message} (see {self.prog} --help)")
+
+
 def command_parser(name: str, argv: list[str]) -> tuple[Any, argparse.ArgumentParser]:
     """The module of command ``name`` and its parser (``argv``: the command's arguments,
     for commands whose flags depend on them, as `seed games --env NAME`)."""
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=f"seed {name}", description=help_text, formatter_class=HelpFormatter
     )
     if "argv" in inspect.signature(module.add_arguments).parameters:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 
@@ -37,3 +38,11 @@ def output_file(path: str | Path, flag: str = "--out") -> Path:
         raise CommandError(f"{flag} {out} is a folder; name a file")
     output_dir(out.parent, flag)
     return out
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

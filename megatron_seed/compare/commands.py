@@ -35,7 +35,7 @@ from megatron_seed import recipes
 from megatron_seed.compare.job import apply_method, run_method_job
 from megatron_seed.compare.report import merge_summaries, phase_seconds, skill_rows, write_summary
 from megatron_seed.config import SeedConfig
-from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.errors import CommandError, output_dir, positive
 from megatron_seed.methods import METHODS
 from megatron_seed.pipeline.commands_eval import env_spec, env_tasks
 
@@ -65,14 +65,6 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skill-library", default=None, help="a family library folder (default: built)"
     )
-
-
-def positive(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

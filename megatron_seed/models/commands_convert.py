@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.errors import CommandError, output_dir, positive
 from megatron_seed.models.checks import validate_hf_dir
 
 
@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf", help="HF checkpoint folder (input)")
     parser.add_argument("--megatron", help="Megatron checkpoint folder (input)")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    parser.add_argument("--tp", type=positive, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=positive, default=1, help="pipeline-parallel size")
 
 
 def _convert_worker(direction: str, src: str, out: str, tp: int, pp: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from megatron_seed.errors import CommandError
+from megatron_seed.errors import CommandError, positive
 from megatron_seed.models.checks import validate_hf_dir
 
 
@@ -14,11 +14,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hf", required=True, help="HF checkpoint folder (config.json + safetensors)"
     )
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    parser.add_argument("--tp", type=positive, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=positive, default=1, help="pipeline-parallel size")
     parser.add_argument("--tol", type=float, default=1e-4, help="max allowed |diff| (float32)")
-    parser.add_argument("--batch", type=int, default=4, help="random sequences compared")
-    parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--batch", type=positive, default=4, help="random sequences compared")
+    parser.add_argument("--seq", type=positive, default=64, help="tokens per sequence")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -12,12 +12,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from megatron_seed.errors import positive
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
-    parser.add_argument("--steps", type=int, default=5, help="optimizer steps")
+    parser.add_argument("--tp", type=positive, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=positive, default=1, help="pipeline-parallel size")
+    parser.add_argument("--steps", type=positive, default=5, help="optimizer steps")
     parser.add_argument("--out", default=None, help="where to write the tiny checkpoint")
 
 

@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.errors import CommandError, output_dir, positive
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,14 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="annotated trajectories (JSONL records)")
     parser.add_argument("--model", required=True, help="base policy (HF folder with tokenizer)")
     parser.add_argument("--out", required=True, help="output folder (megatron/ and hf/)")
-    parser.add_argument("--epochs", type=int, default=None, help="default: the config's")
+    parser.add_argument("--epochs", type=positive, default=None, help="default: the config's")
     parser.add_argument("--lr", type=float, default=None, help="default: the config's")
     parser.add_argument(
-        "--batch", type=int, default=None, help="examples per step (default: the config's)"
+        "--batch", type=positive, default=None, help="examples per step (default: the config's)"
     )
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
-    parser.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    parser.add_argument("--tp", type=positive, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=positive, default=1, help="pipeline-parallel size")
+    parser.add_argument("--dp", type=positive, default=1, help="data-parallel size")
     parser.add_argument(
         "--layout",
         choices=["record", "continuation"],

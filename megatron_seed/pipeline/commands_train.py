@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from envs.spec import ENV_HELP, EnvSpecError, get_env
-from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.errors import CommandError, output_dir, positive
 from megatron_seed.methods import METHODS, get_method
 
 
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pp", type=int, default=None, help="pipeline-parallel size (default: the config's)"
     )
-    parser.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    parser.add_argument("--dp", type=positive, default=1, help="data-parallel size")
     parser.add_argument("--env", default=None, help=ENV_HELP + " (default: the config's)")
     parser.add_argument("--engines", type=int, default=None, help="vLLM engines (fleet.engines)")
     parser.add_argument("--env-workers", type=int, default=None, help="env worker processes")
@@ -154,8 +154,6 @@ def build_job(args: argparse.Namespace):
         raise CommandError("--model DIR is required (or set SEED_MODEL_DIR)")
     if not args.games:
         raise CommandError("--games DIR is required (or set SEED_GAMES_DIR)")
-    if args.dp < 1:
-        raise CommandError(f"--dp must be at least 1, got {args.dp}")
     if args.eval_every < 0:
         raise CommandError(f"--eval-every must be at least 0, got {args.eval_every}")
     cfg = build_config(args)

@@ -158,6 +158,57 @@ BAD = [
         lambda m, g, t: ["eval", "--games", str(g), "--policy", "random", "--episodes", "0"],
         "--episodes",
     ),
+    ("run: zero updates", lambda m, g, t: ["run", "--updates", "0"], "--updates"),
+    ("run: unknown environment", lambda m, g, t: ["run", "--env", "nope"], "invalid choice"),
+    ("compare: a seed that is no number", lambda m, g, t: ["compare", "--seeds", "x"], "'x'"),
+    ("smoke: tensor parallel 0", lambda m, g, t: ["smoke", "--tp", "0"], "--tp"),
+    ("bench: unknown benchmark", lambda m, g, t: ["bench", "nothing"], "invalid choice"),
+    (
+        "init-model: unknown shape",
+        lambda m, g, t: ["init-model", "--shape", "nope", "--out", str(t / "out")],
+        "unknown shape",
+    ),
+    (
+        "sft: a model folder that is not there",
+        lambda m, g, t: [
+            "sft",
+            "--data",
+            str(_text(t, "{}")),
+            "--model",
+            str(t / "none"),
+            "--out",
+            str(t / "out"),
+        ],
+        "is not a directory",
+    ),
+    ("convert: unknown direction", lambda m, g, t: ["convert", "sideways"], "invalid choice"),
+    (
+        "check-parity: zero sequences",
+        lambda m, g, t: ["check-parity", "--hf", str(m), "--batch", "0"],
+        "--batch",
+    ),
+    (
+        "games: unknown environment",
+        lambda m, g, t: ["games", "--env", "nope", "--out", str(t / "out")],
+        "unknown environment",
+    ),
+    (
+        "annotate: records that are not JSON",
+        lambda m, g, t: [
+            "annotate",
+            "--in",
+            str(_text(t, "not json")),
+            "--out",
+            str(t / "out"),
+            "--embedded",
+        ],
+        "not a file of trajectory records",
+    ),
+    (
+        "launch: a job without its paths",
+        lambda m, g, t: ["launch", "tiny", "--dryrun"],
+        "without its paths",
+    ),
 ]
 
 
@@ -179,6 +230,12 @@ def _text(tmp: Path, text: str) -> Path:
 
 
 @pytest.mark.parametrize(("argv", "needle"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_input_table(argv, needle, model, alfworld_games, tmp_path, capsys):
+def test_bad_input_table(argv, needle, model, alfworld_games, tmp_path, capsys, monkeypatch):
+    for key in ("SEED_MODEL_DIR", "SEED_GAMES_DIR", "SEED_OUT_DIR"):
+        monkeypatch.delenv(key, raising=False)
     _fails(capsys, argv(model, alfworld_games, tmp_path), needle)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_table_covers_every_command() -> None:
+    assert {name.split(":")[0] for name, _, _ in BAD} == set(cli.COMMANDS)
