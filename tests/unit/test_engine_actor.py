@@ -10,6 +10,10 @@ import pytest
 from megatron_seed.rollout.fleet import EngineActor, VLLMEngineActor
 from megatron_seed.testbed.fake_engine import FakeEngineActor
 
+# `ray.remote(cls)` rewrites the class's methods in place to take this keyword (tracing), so
+# once any test has made an actor of the class, the signatures carry it.
+RAY_TRACE_PARAM = "_ray_trace_ctx"
+
 
 def _surface(cls: type, exclude: tuple[str, ...] = ()) -> dict[str, list[tuple]]:
     """Public methods (and `__init__`) of `cls` -> their parameters (name, kind, default)."""
@@ -18,7 +22,7 @@ def _surface(cls: type, exclude: tuple[str, ...] = ()) -> dict[str, list[tuple]]
         if (name.startswith("_") and name != "__init__") or name in exclude:
             continue
         params = inspect.signature(fn).parameters.values()
-        out[name] = [(p.name, p.kind, p.default) for p in params]
+        out[name] = [(p.name, p.kind, p.default) for p in params if p.name != RAY_TRACE_PARAM]
     return out
 
 
@@ -31,6 +35,14 @@ def _mismatch(cls: type, exclude: tuple[str, ...] = ()) -> list[str]:
         f"{n}: {got[n]} != {want[n]}" for n in sorted(want.keys() & got.keys()) if got[n] != want[n]
     ]
     return problems
+
+
+def test_the_check_holds_after_ray_has_made_actors_of_the_classes() -> None:
+    ray = pytest.importorskip("ray")
+    ray.remote(VLLMEngineActor), ray.remote(FakeEngineActor)  # rewrites the methods in place
+    assert RAY_TRACE_PARAM in inspect.signature(VLLMEngineActor.wake).parameters
+    assert _mismatch(VLLMEngineActor) == []
+    assert _mismatch(FakeEngineActor, exclude=FakeEngineActor.INSPECTION) == []
 
 
 def test_the_protocol_is_the_fleets_surface() -> None:
