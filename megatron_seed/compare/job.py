@@ -81,7 +81,6 @@ def run_method_job(
     stage1_tasks: int,
     train_eval_episodes: int,
     facts: dict[str, Any],
-    started: float | None = None,
     base_root: Path | None = None,
     library_dir: str | Path | None = None,
     user_library: str | Path | None = None,
@@ -93,15 +92,15 @@ def run_method_job(
     the report (OUT/report.md, OUT/eval.json).
 
     ``stage1_tasks``: training tasks of Stage 1 and of the library's annotations;
-    ``train_eval_episodes``: sampled evaluation episodes per training task; ``started``: when
-    the job began (its wall time; default now); ``base_root``: where the base's evaluation is
-    cached for the jobs that share it; ``library_dir``: where the family skill library is
-    built (default OUT/library), ``user_library``: a library folder to use instead;
+    ``train_eval_episodes``: sampled evaluation episodes per training task; ``base_root``:
+    where the base's evaluation is cached for the jobs that share it; ``library_dir``: where
+    the family skill library is built (default OUT/library), ``user_library``: a library
+    folder to use instead;
     ``title``: the environment's name in the report (default its registry name);
-    ``phases``: the job's phase lines (default: this method's phases)."""
+    ``phases``: the job's phase lines, whose start is the job's (default: this method's
+    phases, starting now)."""
     method = method_of(algo)
-    started = time.time() if started is None else started
-    phases = phases or Phases(method_phases(method, bool(user_library)), started)
+    phases = phases or Phases(method_phases(method, bool(user_library)))
     out.mkdir(parents=True, exist_ok=True)
     fleet = JobFleet(base, cfg)
     try:
@@ -136,7 +135,7 @@ def run_method_job(
         fleet.close()
     (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
     if "wall_minutes" not in _progress(out):  # the run that finished the job, not a rerun
-        _mark(out, "wall_minutes", round((time.time() - started) / 60, 1))
+        _mark(out, "wall_minutes", round((time.time() - phases.started) / 60, 1))
     facts["wall_minutes"] = _progress(out)["wall_minutes"]
     phases.start("report")
     report = write_report(out, evaluations, facts, cfg.env.name, title)

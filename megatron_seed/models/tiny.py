@@ -8,26 +8,14 @@ from typing import Any
 import torch
 
 TINY_QWEN2 = dict(
-    model_type="qwen2",
-    vocab_size=256,
-    hidden_size=192,
-    intermediate_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=6,
-    num_key_value_heads=2,
-    max_position_embeddings=2048,
-    tie_word_embeddings=False,
-    rope_theta=10000.0,
-)
+    model_type="qwen2", vocab_size=256, hidden_size=192, intermediate_size=256,
+    num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
+    max_position_embeddings=2048, tie_word_embeddings=False, rope_theta=10000.0,
+)  # fmt: skip
 TINY_QWEN3 = dict(
-    TINY_QWEN2,
-    model_type="qwen3",
-    hidden_size=96,
-    intermediate_size=192,
-    num_attention_heads=4,
-    head_dim=32,
-    rope_theta=1000000.0,
-)
+    TINY_QWEN2, model_type="qwen3", hidden_size=96, intermediate_size=192,
+    num_attention_heads=4, head_dim=32, rope_theta=1000000.0,
+)  # fmt: skip
 
 
 def make_tiny_qwen(out_dir: str | Path, seed: int = 0, **overrides: Any) -> Path:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +123,8 @@ def run_default_job(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = job_config(size, algo, seed, env, updates)
-    t0 = time.time()
     own = method_phases(method_of(algo), user_library is not None)
-    phases = Phases(["games", "base policy", *own], t0)
+    phases = Phases(["games", "base policy", *own])
     phases.start("games")
     games_root = Path(games_dir or out / "games")
     games = _games(games_root, size, seed, env)
@@ -143,22 +141,12 @@ def run_default_job(
     facts: dict[str, Any] = {"environment": env, "size": size.name, "algorithm": algo}
     facts["seed"] = seed
     facts["base_policy"] = _base_facts(read_manifest(base_root))
+    sizes = {"stage1_tasks": size.stage1_tasks, "train_eval_episodes": size.train_eval_episodes}
     return run_method_job(
-        out,
-        base,
-        games,
-        cfg,
-        algo,
-        stage1_tasks=size.stage1_tasks,
-        train_eval_episodes=size.train_eval_episodes,
-        facts=facts,
-        started=t0,
-        base_root=base_root,
-        library_dir=library_dir,
-        user_library=user_library,
-        title=profile(env).title,
+        out, base, games, cfg, algo, **sizes, facts=facts, base_root=base_root,
+        library_dir=library_dir, user_library=user_library, title=profile(env).title,
         phases=phases,
-    )
+    )  # fmt: skip
 
 
 def _base_facts(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -176,8 +176,7 @@ BAD = [
             str(_text(t, "{}")),
             "--model",
             str(t / "none"),
-            "--out",
-            str(t / "out"),
+            *_out(t),
         ],
         "is not a directory",
     ),
@@ -194,14 +193,7 @@ BAD = [
     ),
     (
         "annotate: records that are not JSON",
-        lambda m, g, t: [
-            "annotate",
-            "--in",
-            str(_text(t, "not json")),
-            "--out",
-            str(t / "out"),
-            "--embedded",
-        ],
+        lambda m, g, t: ["annotate", "--in", str(_text(t, "not json")), *_out(t), "--embedded"],
         "not a file of trajectory records",
     ),
     (
@@ -212,8 +204,12 @@ BAD = [
 ]
 
 
+def _out(tmp: Path) -> list[str]:
+    return ["--out", str(tmp / "out")]
+
+
 def _job(model: Path, games: Path, tmp: Path) -> list[str]:
-    return ["--model", str(model), "--games", str(games / "train"), "--out", str(tmp / "out")]
+    return ["--model", str(model), "--games", str(games / "train"), *_out(tmp)]
 
 
 def _cut(model: Path, tmp: Path, name: str) -> Path:
