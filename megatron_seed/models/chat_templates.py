@@ -164,5 +164,9 @@ QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}
     {%- endif %}
 {%- endif %}"""
 
-CHAT_TEMPLATES: dict[str, str] = {"qwen2": QWEN2_5_CHAT_TEMPLATE, "qwen3": QWEN3_CHAT_TEMPLATE}
+CHAT_TEMPLATES: dict[str, str] = {
+    "qwen2": QWEN2_5_CHAT_TEMPLATE,
+    "qwen3": QWEN3_CHAT_TEMPLATE,
+    "qwen3_moe": QWEN3_CHAT_TEMPLATE,  # Qwen3-MoE checkpoints ship Qwen3's template
+}
 """By HF `model_type`."""

@@ -1,4 +1,4 @@
-"""`seed init-model --shape NAME --out DIR [--seed S] [--layers L] [--dtype D]`.
+"""`seed init-model --shape NAME --out DIR [--seed S] [--layers L] [--experts E] [--dtype D]`.
 
 Writes a random-weight HF checkpoint of a real Qwen shape with a Qwen-format tokenizer and
 the family's chat template (`megatron_seed.models.init_model`), e.g. for CPU runs of the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.errors import CommandError, output_dir, positive
 from megatron_seed.recipes import SHAPES, ModelShape
 
 _SIZES = (
@@ -38,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--layers", type=int, default=None, help="depth (default: the shape's); width is kept"
     )
     parser.add_argument(
+        "--experts",
+        type=positive,
+        default=None,
+        help="MoE shapes: experts per layer (default: the shape's; at least its top-k); "
+        "each kept expert has the real width",
+    )
+    parser.add_argument(
         "--dtype",
         default="float32",
         help=f"weights dtype: {' or '.join(DTYPES)} (default float32, what the CPU runs use)",
@@ -46,21 +53,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, write, print one line per shard and a summary."""
-    from megatron_seed.models.init_model import check_request, write_checkpoint
+    from megatron_seed.models.init_model import check_request, with_experts, write_checkpoint
 
     out = output_dir(args.out)
     shapes = init_shapes()
     if args.shape not in shapes:
         raise CommandError(f"unknown shape {args.shape!r}; choose from {', '.join(shapes)}")
-    shape = shapes[args.shape]
     try:
+        shape = with_experts(shapes[args.shape], args.experts)
         check_request(shape, out, args.layers, args.dtype)
     except ValueError as err:
         raise CommandError(str(err)) from None
     layers = shape.layers if args.layers is None else args.layers
     path = write_checkpoint(shape, out, args.seed, layers, args.dtype, log=print)
+    experts = f", {shape.experts} experts (top-{shape.top_k})" if shape.experts else ""
     print(
         f"wrote {path}: {shape.hf_id} shape ({shape.model_type}), {layers} of {shape.layers} "
-        f"layers, {args.dtype}, seed {args.seed}"
+        f"layers{experts}, {args.dtype}, seed {args.seed}"
     )
     return 0

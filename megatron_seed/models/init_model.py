@@ -5,9 +5,10 @@ Qwen checkpoint folder holds, with random weights (`SHAPES`: the table of
 `megatron_seed.recipes`, which `seed init-model --shape NAME` reads; this module takes the
 `ModelShape` itself and imports no recipe):
 
-- config.json in the published format (`model_type` qwen2 or qwen3, the shape's numbers,
-  `vocab_size` 151936 / 152064 as published), `layers`
-  overriding only `num_hidden_layers` (depth; everything else keeps the real width);
+- config.json in the published format (`model_type` qwen2, qwen3 or qwen3_moe, the shape's
+  numbers, `vocab_size` 151936 / 152064 as published), `layers` overriding only
+  `num_hidden_layers` (depth; everything else keeps the real width) and, for an MoE shape,
+  `experts` only `num_experts` (fewer experts of the real width; top-k kept);
 - safetensors shards (`model.safetensors`, or `model-0000k-of-0000n.safetensors` plus
   `model.safetensors.index.json` past `MAX_SHARD_BYTES`), tensor names and shapes taken
   from transformers' own model class (built on the meta device, so nothing is allocated);
@@ -30,6 +31,7 @@ shapes (7B: ~30 GB in float32, ~15 GB in bfloat16) and loads into float32 exactl
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -42,6 +44,11 @@ import torch
 if TYPE_CHECKING:
     from megatron_seed.recipes import ModelShape
 
+ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 MAX_SHARD_BYTES = 2 << 30
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INIT_STD = 0.02  # transformers' initializer_range for Qwen
@@ -52,11 +59,11 @@ def hf_config(shape: ModelShape, layers: int, dtype: str = "float32") -> dict[st
     """config.json of `shape` at depth `layers`, in the published Qwen format."""
     import transformers
 
-    qwen3 = shape.model_type == "qwen3"
+    qwen3 = shape.qk_norm
     if not qwen3 and shape.head_dim * shape.heads != shape.hidden:
         raise ValueError(f"{shape.hf_id}: Qwen2 needs head_dim = hidden / heads")
     cfg: dict[str, Any] = {
-        "architectures": ["Qwen3ForCausalLM" if qwen3 else "Qwen2ForCausalLM"],
+        "architectures": [ARCHITECTURES[shape.model_type]],
         "attention_dropout": 0.0,
         "bos_token_id": 151643,
         "eos_token_id": 151645,
@@ -83,12 +90,28 @@ def hf_config(shape: ModelShape, layers: int, dtype: str = "float32") -> dict[st
     }
     if qwen3:
         cfg.update(attention_bias=False, head_dim=shape.head_dim)
+    if shape.experts:  # Qwen3-30B-A3B's keys: every layer sparse, no auxiliary router output
+        cfg.update(
+            num_experts=shape.experts,
+            num_experts_per_tok=shape.top_k,
+            moe_intermediate_size=shape.expert_ffn,
+            norm_topk_prob=shape.norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            output_router_logits=False,
+            router_aux_loss_coef=0.001,
+        )
     return dict(sorted(cfg.items()))
 
 
 def tensor_specs(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every tensor the checkpoint stores, as transformers names them
-    (tied lm_head left out, as `save_pretrained` does)."""
+    (tied lm_head left out, as `save_pretrained` does; experts one tensor each, as published
+    checkpoints and `save_pretrained` store them).
+
+    The names come from transformers' own model class; it keeps a layer's experts fused in
+    memory (`mlp.experts.gate_up_proj` [E, 2F, H], gate rows first, `mlp.experts.down_proj`
+    [E, H, F]), which is split here into `mlp.experts.{e}.{gate,up,down}_proj.weight`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf = AutoConfig.for_model(**config)
@@ -97,7 +120,22 @@ def tensor_specs(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
     tied = (
         set(getattr(model, "_tied_weights_keys", None) or ()) if hf.tie_word_embeddings else set()
     )
-    return [(n, tuple(t.shape)) for n, t in model.state_dict().items() if n not in tied]
+    specs: list[tuple[str, tuple[int, ...]]] = []
+    for name, t in model.state_dict().items():
+        if name in tied:
+            continue
+        prefix, _, last = name.rpartition(".")
+        if last == "gate_up_proj" and prefix.endswith("mlp.experts"):
+            experts, two_f, h = t.shape
+            for e in range(experts):
+                specs += [
+                    (f"{prefix}.{e}.{p}_proj.weight", (two_f // 2, h)) for p in ("gate", "up")
+                ]
+        elif last == "down_proj" and prefix.endswith("mlp.experts"):
+            specs += [(f"{prefix}.{e}.down_proj.weight", tuple(t.shape[1:])) for e in range(len(t))]
+        else:
+            specs.append((name, tuple(t.shape)))
+    return specs
 
 
 def _tensor_seed(seed: int, name: str) -> int:
@@ -129,6 +167,22 @@ def _shards(specs: list[tuple[str, tuple[int, ...]]], itemsize: int) -> list[lis
         shards[-1].append((name, shape))
         size += nbytes
     return shards
+
+
+def with_experts(shape: ModelShape, experts: int | None) -> ModelShape:
+    """`shape` with `experts` experts per layer instead of its own (None: unchanged); each kept
+    expert has the real width, and its weights do not depend on how many are kept. ValueError
+    (one line) for a dense shape or a count outside top-k..the shape's experts."""
+    if experts is None:
+        return shape
+    if not shape.experts:
+        raise ValueError(f"{shape.hf_id} is a dense model: --experts is for MoE shapes")
+    if not shape.top_k <= experts <= shape.experts:
+        raise ValueError(
+            f"--experts must be in {shape.top_k}..{shape.experts} for {shape.hf_id} "
+            f"(at least its top-k), got {experts}"
+        )
+    return dataclasses.replace(shape, experts=experts)
 
 
 def check_request(shape: ModelShape, out: str | Path, layers: int | None, dtype: str) -> None:

@@ -72,7 +72,12 @@ QWEN3_ADDED_TOKENS = (
     ("<think>", False),
     ("</think>", False),
 )
-ADDED_TOKENS = {"qwen2": QWEN2_5_ADDED_TOKENS, "qwen3": QWEN3_ADDED_TOKENS}
+# Qwen3-MoE checkpoints ship Qwen3's tokenizer
+ADDED_TOKENS = {
+    "qwen2": QWEN2_5_ADDED_TOKENS,
+    "qwen3": QWEN3_ADDED_TOKENS,
+    "qwen3_moe": QWEN3_ADDED_TOKENS,
+}
 DEFAULT_MERGES = 4000  # the corpus yields fewer; training stops when no pair repeats
 
 _PLACE_WORDS = (

@@ -94,3 +94,31 @@ def test_init_model_weights_are_a_function_of_seed_and_name(qwen25, tmp_path) ->
     norm = two_layers["model.norm.weight"]
     assert 0.05 < float(norm.std()) < 0.2 and abs(float(norm.mean()) - 1) < 0.05
     assert abs(float(two_layers["model.embed_tokens.weight"][:1000].std()) - 0.02) < 1e-3
+
+
+def test_init_model_writes_a_qwen3_moe_folder_transformers_loads(tmp_path) -> None:
+    """Qwen3-30B-A3B at its real width, 1 layer, 8 of its 128 experts (bfloat16, 1.3 GB):
+    one tensor per expert, every name transformers expects, the parameter formula exact."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "moe"
+    argv = ["init-model", "--shape", "qwen3-30b-a3b", "--layers", "1", "--experts", "8"]
+    assert cli.main([*argv, "--dtype", "bfloat16", "--out", str(out)]) == 0
+    shape = dataclasses.replace(recipes.SHAPES["qwen3-30b-a3b"], layers=1, experts=8)
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    cfg = model.config
+    assert (cfg.model_type, cfg.num_experts, cfg.num_experts_per_tok) == ("qwen3_moe", 8, 8)
+    assert (cfg.moe_intermediate_size, cfg.norm_topk_prob, cfg.hidden_size) == (768, True, 2048)
+    assert sum(p.numel() for p in model.parameters()) == shape.params
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        down = f.get_tensor("model.layers.0.mlp.experts.5.down_proj.weight")
+    assert {f"model.layers.0.mlp.experts.{e}.up_proj.weight" for e in range(8)} <= names
+    assert "model.layers.0.mlp.experts.gate_up_proj" not in names  # not transformers' fusion
+    assert down.shape == (2048, 768)
+    name = "model.layers.0.mlp.experts.5.down_proj.weight"
+    assert torch.equal(down, init_tensor(name, (2048, 768), 0, torch.bfloat16))
+    # transformers fuses the experts in memory: expert 5's down projection is the file's
+    assert torch.equal(model.model.layers[0].mlp.experts.down_proj[5], down)

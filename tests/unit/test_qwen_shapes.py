@@ -166,6 +166,16 @@ def test_new_shapes_match_published_sizes(name: str, billions: float) -> None:
     assert recipes.SHAPES[name].params / 1e9 == pytest.approx(billions, rel=0.01)
 
 
+@pytest.mark.parametrize(
+    ("name", "total", "active"), [("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-235b-a22b", 235, 22)]
+)
+def test_moe_shapes_match_published_total_and_active_sizes(name, total, active) -> None:
+    shape = recipes.SHAPES[name]
+    assert shape.model_type == "qwen3_moe"
+    assert shape.params / 1e9 == pytest.approx(total, rel=0.01)
+    assert shape.active_params / 1e9 == pytest.approx(active, rel=0.02)
+
+
 def test_init_model_bad_input_is_one_line_exit_2(tmp_path, capsys) -> None:
     def fails(argv: list[str], needle: str) -> None:
         assert cli.main(["init-model", *argv]) == 2
@@ -179,6 +189,10 @@ def test_init_model_bad_input_is_one_line_exit_2(tmp_path, capsys) -> None:
     fails(["--shape", "qwen2.5-0.5b", "--layers", "0", "--out", out], "--layers must be in 1..24")
     fails(["--shape", "qwen2.5-0.5b", "--layers", "25", "--out", out], "got 25")
     fails(["--shape", "qwen3-0.6b", "--dtype", "float16", "--out", out], "unknown dtype 'float16'")
+    fails(["--shape", "qwen3-0.6b", "--experts", "8", "--out", out], "is a dense model")
+    moe = ["--shape", "qwen3-30b-a3b", "--out", out]
+    fails([*moe, "--experts", "4"], "--experts must be in 8..128")  # fewer than its top-8
+    fails([*moe, "--experts", "129"], "got 129")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "model.safetensors").write_text("stale")
     fails(["--shape", "qwen3-0.6b", "--out", out], "is not empty")
