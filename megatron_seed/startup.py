@@ -48,6 +48,24 @@ def quiet_third_party() -> None:
         os.environ["PYTHONWARNINGS"] = ",".join([given, *missing] if given else missing)
 
 
+def use_own_ray_token() -> None:
+    """Before `ray.init` starts a cluster here: give it a token of its own (`ray_auth_env`)
+    and make this process use it too.
+
+    Ray reads its auth mode into a cached config when `ray` is first imported; a mode set in
+    the environment afterwards reaches the cluster's processes but not this one, which then
+    cannot connect ("InvalidAuthToken ... RAY_AUTH_MODE is currently 'disabled'"). So the
+    cache is refreshed here the way Ray's own token set-up refreshes it."""
+    env = ray_auth_env(os.environ)
+    if not env:
+        return
+    os.environ.update(env)
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def ray_auth_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables a Ray cluster started here needs: token authentication with a fresh
     token in the environment (children joining the cluster inherit it), unless the user

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from envs.spec import get_env
 from megatron_seed.compare.report import write_report
 from megatron_seed.config import SeedConfig
 from megatron_seed.methods import METHODS, Method
-from megatron_seed.startup import ray_auth_env
+from megatron_seed.startup import use_own_ray_token
 
 EVAL_SEED = 1234  # sampled evaluation draws: the same for every model of a run
 BASE_LABEL = "Base (Vanilla)"
@@ -185,7 +184,7 @@ def ray_init() -> str:
     import ray
 
     if not ray.is_initialized():
-        os.environ.update(ray_auth_env(os.environ))  # its token: not in the home folder
+        use_own_ray_token()  # its token: not in the home folder
         ray.init(
             num_cpus=2,
             include_dashboard=False,

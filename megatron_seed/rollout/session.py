@@ -25,7 +25,7 @@ from megatron_seed.config import SeedConfig
 from megatron_seed.data import check_chat_template
 from megatron_seed.rollout.agent_loop import AgentLoop, PlayResult, Task, make_tasks
 from megatron_seed.rollout.engine import EngineSpec
-from megatron_seed.startup import ray_auth_env
+from megatron_seed.startup import use_own_ray_token
 
 
 def engine_spec(cfg: SeedConfig, model_dir: str | Path) -> EngineSpec:
@@ -79,7 +79,7 @@ def init_ray(cfg: SeedConfig, address: str | None = None) -> None:
     }
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:  # a new cluster: its token in the environment, not the home folder
-        os.environ.update(ray_auth_env(os.environ))
+        use_own_ray_token()
     gpus = math.ceil(cfg.fleet.engines * cfg.fleet.gpus_per_engine)
     if address is None and gpus > 0:
         import torch

@@ -46,3 +46,28 @@ def test_a_started_ray_gets_its_own_token_unless_the_user_chose():
     assert env["RAY_AUTH_TOKEN"] != ray_auth_env({})["RAY_AUTH_TOKEN"]
     assert ray_auth_env({"RAY_AUTH_MODE": "disabled"}) == {}
     assert ray_auth_env({"RAY_AUTH_TOKEN": "abc"}) == {}
+
+
+# Ray imported first (as every job does before its fleet starts), then a cluster started here
+RAY_AFTER_IMPORT = """
+import os, pathlib, tempfile
+import ray
+from megatron_seed.startup import use_own_ray_token
+use_own_ray_token()
+ray.init(num_cpus=1, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="seed-ray-"))
+assert ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
+assert os.environ["RAY_AUTH_MODE"] == "token"
+assert not (pathlib.Path.home() / ".ray").exists()
+print("started")
+"""
+
+
+def test_a_cluster_started_after_ray_was_imported_takes_its_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {
+        "HOME": str(tmp_path)
+    }
+    child = subprocess.run(
+        [sys.executable, "-c", RAY_AFTER_IMPORT], capture_output=True, text=True, env=env,
+        timeout=240,
+    )  # fmt: skip
+    assert child.returncode == 0 and "started" in child.stdout, child.stderr[-2000:]
