@@ -166,10 +166,14 @@ class JobFleet:
     def get(self) -> Any:
         """The running fleet (started on the first call)."""
         if self._fleet is None:
+            from megatron_seed.progress import live_bar
             from megatron_seed.rollout.session import start_fleet
 
-            ray_init()
-            self._fleet = start_fleet(self.cfg, self.model_dir)
+            n = self.cfg.fleet.engines
+            with live_bar(1, f"fleet: starting {n} vLLM engine{'s' if n > 1 else ''}") as bar:
+                ray_init()
+                self._fleet = start_fleet(self.cfg, self.model_dir)
+                bar.update()
         return self._fleet
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ def evaluate_policies(
     sampled: dict[str, tuple[float, int, int]] | None = None,
     fleet: Any = None,
     skills: Mapping[str, str] | None = None,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Skill-free episodes of each model on each split's games, one fleet for all (the next
     model's weights are streamed into the engines; the models must share an architecture and
@@ -50,18 +51,24 @@ def evaluate_policies(
 
     ``fleet``: a running `Fleet` to use (left running) instead of starting one.
     ``skills``: {game: skill} for every game of every split: each episode plays with its
-    game's skill inserted by H (Skill-Prompt*, Skill-GRPO*); None: without skills."""
+    game's skill inserted by H (Skill-Prompt*, Skill-GRPO*); None: without skills.
+    ``progress``: a bar of (model, decoding) batches on the terminal."""
+    from megatron_seed.progress import live_bar
     from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.rollout.session import RolloutSession
 
     results = []
-    with RolloutSession(cfg, model_dirs[0], fleet=fleet) as session:
+    groups = _by_decoding(splits, sampled)
+    with (
+        RolloutSession(cfg, model_dirs[0], fleet=fleet) as session,
+        live_bar(len(model_dirs) * len(groups), "evaluation", enabled=progress) as bar,
+    ):
         for i, model_dir in enumerate(model_dirs):
             if i or fleet is not None:
                 session.fleet.load_model(model_dir)
             result = {}
             # splits decoded alike play as one batch (fewer, wider generation calls)
-            for (temperature, n, seed), names in _by_decoding(splits, sampled).items():
+            for (temperature, n, seed), names in groups.items():
                 spec = SamplingSpec(
                     temperature=temperature, max_tokens=cfg.rollout.max_response_tokens, seed=seed
                 )
@@ -72,6 +79,7 @@ def evaluate_policies(
                     result[name] = summarize(records[: n * len(splits[name])])
                     result[name]["decoding"] = f"T={temperature:g}, {n} per game"
                     records = records[n * len(splits[name]) :]
+                bar.update()
             results.append({name: result[name] for name in splits})
     return results
 

@@ -122,9 +122,8 @@ def collect(
 
     ``fleet``: a running `Fleet` to use (it is given ``model_dir``'s weights and left
     running) instead of starting one."""
-    from tqdm import tqdm
-
     from megatron_seed.data import read_jsonl
+    from megatron_seed.progress import live_bar
     from megatron_seed.rollout.session import RolloutSession
 
     out = Path(out_path)
@@ -136,8 +135,10 @@ def collect(
         return done
     if fleet is not None:
         fleet.load_model(model_dir)
-    with RolloutSession(cfg, model_dir, fleet=fleet) as session:
-        bar = tqdm(total=len(todo), desc="stage 1: collect", disable=not progress)
+    with (
+        RolloutSession(cfg, model_dir, fleet=fleet) as session,
+        live_bar(len(todo), "stage 1: collect", enabled=progress) as bar,
+    ):
         for start in range(0, len(todo), chunk_tasks):
             tasks = session.tasks([str(g) for g in todo[start : start + chunk_tasks]])
             spec = session.sampling()
@@ -147,7 +148,6 @@ def collect(
                     f.write(rec.to_json() + "\n")
             done.extend(records)
             bar.update(len(tasks))
-        bar.close()
     return done
 
 

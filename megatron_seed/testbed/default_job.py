@@ -80,6 +80,8 @@ def job_config(
 
 def _games(root: Path, size: JobSize, seed: int, env_name: str) -> dict[str, list[str]]:
     """The job's games (generated once; ``root/done`` marks a finished set)."""
+    from megatron_seed.progress import live_bar
+
     env = get_env(env_name)
     if not (root / "done").is_file():
         if root.exists():
@@ -87,7 +89,9 @@ def _games(root: Path, size: JobSize, seed: int, env_name: str) -> dict[str, lis
         # the task options the base policy is built for (ALFWorld: small rooms)
         options = profile(env_name).generate_options(size.families)
         for split, n in (("train", size.n_train), ("seen", size.n_eval), ("unseen", size.n_eval)):
-            env.generate_tasks(root, split, n, seed, **options)
+            with live_bar(n, f"games: {split}") as bar:
+                env.generate_tasks(root, split, n, seed, **options)
+                bar.update(n)
         (root / "done").write_text("")
     return {s: [str(g) for g in env.list_tasks(root, s)] for s in ("train", "seen", "unseen")}
 

@@ -63,10 +63,13 @@ def _generate(
 ) -> list[Path]:
     if env.generate_tasks is None:
         raise ValueError(f"environment {env.name!r} cannot generate tasks")
-    if progress:
-        print(f"base policy: generating {n} {split} games")
-    # a seed range of its own: never the same game as a job's own generated ones
-    return env.generate_tasks(out, split, n, 7_000_000 + seed, **options)
+    from megatron_seed.progress import live_bar
+
+    with live_bar(n, f"base policy: {split} games", enabled=progress) as bar:
+        # a seed range of its own: never the same game as a job's own generated ones
+        games = env.generate_tasks(out, split, n, 7_000_000 + seed, **options)
+        bar.update(n)
+    return games
 
 
 # --------------------------------------------------------------------------- demonstrations
