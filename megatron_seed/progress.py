@@ -1,35 +1,52 @@
-"""Progress bars for phases whose steps are few and long (a batch of episodes can take half a
-minute on 2 cores): the bar redraws itself every few seconds, so its elapsed time keeps
-moving between steps and a slow step never looks like a hung job."""
+"""Progress bars for phases whose steps are few and long (a batch of episodes or a Stage-2
+update can take half a minute on 2 cores): the bar redraws itself every few seconds, so its
+elapsed time keeps moving between steps and a slow step never looks like a hung job."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 
-@contextlib.contextmanager
-def live_bar(total: int, desc: str, every_s: float = 5.0, enabled: bool = True) -> Iterator[Any]:
-    """A tqdm bar of `total` steps (`bar.update(n)` as they finish) redrawn every `every_s`
-    seconds until the block ends; `enabled=False`: a silent bar."""
-    from tqdm import tqdm
+class LiveBar:
+    """A tqdm bar of `total` steps (`update(n)` as they finish; `initial`: steps done
+    before) redrawn every `every_s` seconds until `close()` (or the end of a `with` block);
+    `write(line)` prints a line above it. `enabled=False`: a silent bar."""
 
-    bar = tqdm(total=total, desc=desc, disable=not enabled)
-    stop = threading.Event()
+    def __init__(
+        self, total: int, desc: str, every_s: float = 5.0, enabled: bool = True, initial: int = 0
+    ) -> None:
+        from tqdm import tqdm
 
-    def redraw() -> None:
-        while not stop.wait(every_s):
-            bar.refresh()
+        self._bar = tqdm(total=total, desc=desc, initial=initial, disable=not enabled)
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(
+            target=self._redraw, args=(every_s,), name=f"{desc} bar", daemon=True
+        )
+        if enabled:
+            self._ticker.start()
 
-    ticker = threading.Thread(target=redraw, name=f"{desc} bar", daemon=True)
-    if enabled:
-        ticker.start()
-    try:
-        yield bar
-    finally:
-        stop.set()
-        if ticker.is_alive():
-            ticker.join()
-        bar.close()
+    def _redraw(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self._bar.refresh()
+
+    def update(self, n: int = 1) -> None:
+        """`n` more steps are done."""
+        self._bar.update(n)
+
+    def write(self, line: str) -> None:
+        """Print `line` (stdout) above the bar."""
+        self._bar.write(line)
+
+    def close(self) -> None:
+        """Stop redrawing and leave the bar's last state on the terminal."""
+        self._stop.set()
+        if self._ticker.is_alive():
+            self._ticker.join()
+        self._bar.close()
+
+    def __enter__(self) -> LiveBar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

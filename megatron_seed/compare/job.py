@@ -166,11 +166,11 @@ class JobFleet:
     def get(self) -> Any:
         """The running fleet (started on the first call)."""
         if self._fleet is None:
-            from megatron_seed.progress import live_bar
+            from megatron_seed.progress import LiveBar
             from megatron_seed.rollout.session import start_fleet
 
             n = self.cfg.fleet.engines
-            with live_bar(1, f"fleet: starting {n} vLLM engine{'s' if n > 1 else ''}") as bar:
+            with LiveBar(1, f"fleet: starting {n} vLLM engine{'s' if n > 1 else ''}") as bar:
                 ray_init()
                 self._fleet = start_fleet(self.cfg, self.model_dir)
                 bar.update()

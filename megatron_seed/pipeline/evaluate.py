@@ -53,7 +53,7 @@ def evaluate_policies(
     ``skills``: {game: skill} for every game of every split: each episode plays with its
     game's skill inserted by H (Skill-Prompt*, Skill-GRPO*); None: without skills.
     ``progress``: a bar of (model, decoding) batches on the terminal."""
-    from megatron_seed.progress import live_bar
+    from megatron_seed.progress import LiveBar
     from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.rollout.session import RolloutSession
 
@@ -61,7 +61,7 @@ def evaluate_policies(
     groups = _by_decoding(splits, sampled)
     with (
         RolloutSession(cfg, model_dirs[0], fleet=fleet) as session,
-        live_bar(len(model_dirs) * len(groups), "evaluation", enabled=progress) as bar,
+        LiveBar(len(model_dirs) * len(groups), "evaluation", enabled=progress) as bar,
     ):
         for i, model_dir in enumerate(model_dirs):
             if i or fleet is not None:

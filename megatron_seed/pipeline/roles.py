@@ -23,6 +23,7 @@ from megatron_seed.data import Analysis, TrajectoryRecord, write_jsonl
 from megatron_seed.pipeline.collective import rank
 from megatron_seed.pipeline.evaluate import summarize
 from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer, rollout_metrics
+from megatron_seed.progress import LiveBar
 
 if TYPE_CHECKING:
     from megatron_seed.pipeline.stage2 import Run, Stage2Job
@@ -150,6 +151,7 @@ class Leader(Follower):
         self.fleet = session.fleet
         self.sampler = TaskSampler(job.games, job.cfg.seed)
         self.log = MetricsLog(job.out_dir)
+        self.bar: LiveBar | None = None  # the updates' bar, from `start` to `close`
         (Path(job.out_dir) / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
 
     @classmethod
@@ -303,6 +305,7 @@ class Leader(Follower):
         self.log.truncate_after(step)
         (out / "trajectories").mkdir(parents=True, exist_ok=True)
         self.job.cfg.save(out / "config.json")
+        self.bar = LiveBar(self.job.cfg.updates, "stage 2: updates", initial=step)
 
     def save_trajectories(self, step: int, records: list[TrajectoryRecord] | None) -> None:
         """OUT/trajectories/update_<step>.jsonl."""
@@ -313,7 +316,12 @@ class Leader(Follower):
         """Log one update and print its summary line."""
         self.log.write(step, metrics)
         self.rows.append({"step": step, **metrics})
-        print(_summary(step, self.job.cfg.updates, metrics), flush=True)
+        line = _summary(step, self.job.cfg.updates, metrics)
+        if self.bar is None:
+            print(line, flush=True)
+        else:
+            self.bar.write(line)
+            self.bar.update()
 
     def note_preempted(self, step: int, updates: int) -> None:
         """OUT/preempted.json: where the rerun resumes."""
@@ -322,7 +330,10 @@ class Leader(Follower):
         print(f"preempted after update {step}: checkpoint saved; rerun to resume", flush=True)
 
     def close(self) -> None:
-        """Stop what the session started."""
+        """Stop what the session started (and the bar)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
         self.session.close()
 
 

@@ -54,9 +54,11 @@ def _sft_worker(
     model_dir: str, records: list[TrajectoryRecord], out_dir: str, cfg: SeedConfig
 ) -> dict:
     """One rank of SFT: epochs of shuffled mini-batches, then Megatron + HF checkpoints."""
+    import torch.distributed as dist
     from transformers import AutoTokenizer
 
     from megatron_seed.models.parallel import init_parallel
+    from megatron_seed.progress import LiveBar
     from megatron_seed.train.checkpoint import export_hf, save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
@@ -71,14 +73,17 @@ def _sft_worker(
     rng = random.Random(cfg.seed)
     pad = tokenizer.pad_token_id or 0
     curve = []
-    for epoch in range(cfg.sft_epochs):
-        order = list(range(len(seqs)))
-        rng.shuffle(order)
-        for start in range(0, len(order), cfg.sft_batch_size):
-            rows = [seqs[i] for i in order[start : start + cfg.sft_batch_size]]
-            batch = collate(rows, pad, trainer.seq_multiple)
-            m = trainer.nll_step(batch)
-            curve.append({"epoch": epoch, "nll": m["nll"], "tokens": m["tokens"]})
+    steps = cfg.sft_epochs * -(-len(seqs) // cfg.sft_batch_size)
+    with LiveBar(steps, "stage 1: sft", enabled=dist.get_rank() == 0) as bar:
+        for epoch in range(cfg.sft_epochs):
+            order = list(range(len(seqs)))
+            rng.shuffle(order)
+            for start in range(0, len(order), cfg.sft_batch_size):
+                rows = [seqs[i] for i in order[start : start + cfg.sft_batch_size]]
+                batch = collate(rows, pad, trainer.seq_multiple)
+                m = trainer.nll_step(batch)
+                curve.append({"epoch": epoch, "nll": m["nll"], "tokens": m["tokens"]})
+                bar.update()
     hf_config = json.loads((Path(model_dir) / "config.json").read_text())
     out = Path(out_dir)
     save_checkpoint(trainer, out / "megatron", hf_config, model_dir)
@@ -123,7 +128,7 @@ def collect(
     ``fleet``: a running `Fleet` to use (it is given ``model_dir``'s weights and left
     running) instead of starting one."""
     from megatron_seed.data import read_jsonl
-    from megatron_seed.progress import live_bar
+    from megatron_seed.progress import LiveBar
     from megatron_seed.rollout.session import RolloutSession
 
     out = Path(out_path)
@@ -137,7 +142,7 @@ def collect(
         fleet.load_model(model_dir)
     with (
         RolloutSession(cfg, model_dir, fleet=fleet) as session,
-        live_bar(len(todo), "stage 1: collect", enabled=progress) as bar,
+        LiveBar(len(todo), "stage 1: collect", enabled=progress) as bar,
     ):
         for start in range(0, len(todo), chunk_tasks):
             tasks = session.tasks([str(g) for g in todo[start : start + chunk_tasks]])

@@ -80,7 +80,7 @@ def job_config(
 
 def _games(root: Path, size: JobSize, seed: int, env_name: str) -> dict[str, list[str]]:
     """The job's games (generated once; ``root/done`` marks a finished set)."""
-    from megatron_seed.progress import live_bar
+    from megatron_seed.progress import LiveBar
 
     env = get_env(env_name)
     if not (root / "done").is_file():
@@ -89,7 +89,7 @@ def _games(root: Path, size: JobSize, seed: int, env_name: str) -> dict[str, lis
         # the task options the base policy is built for (ALFWorld: small rooms)
         options = profile(env_name).generate_options(size.families)
         for split, n in (("train", size.n_train), ("seen", size.n_eval), ("unseen", size.n_eval)):
-            with live_bar(n, f"games: {split}") as bar:
+            with LiveBar(n, f"games: {split}") as bar:
                 env.generate_tasks(root, split, n, seed, **options)
                 bar.update(n)
         (root / "done").write_text("")

@@ -63,9 +63,9 @@ def _generate(
 ) -> list[Path]:
     if env.generate_tasks is None:
         raise ValueError(f"environment {env.name!r} cannot generate tasks")
-    from megatron_seed.progress import live_bar
+    from megatron_seed.progress import LiveBar
 
-    with live_bar(n, f"base policy: {split} games", enabled=progress) as bar:
+    with LiveBar(n, f"base policy: {split} games", enabled=progress) as bar:
         # a seed range of its own: never the same game as a job's own generated ones
         games = env.generate_tasks(out, split, n, 7_000_000 + seed, **options)
         bar.update(n)
