@@ -29,6 +29,11 @@ QUIET: tuple[tuple[str, type[Warning], str], ...] = (
         "kernels; GPU images have TE",
     ),
     (
+        "`torch.distributed.all_gather_into_tensor` is deprecated",
+        FutureWarning,
+        "megatron-core's MoE token dispatcher calls it (once per rank); torch still runs it",
+    ),
+    (
         "full scope is deprecated",
         UserWarning,
         "megatron-core warns about its own default cuda_graph_scope; CUDA graphs are off",

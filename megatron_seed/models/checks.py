@@ -8,7 +8,7 @@ from megatron_seed.errors import CommandError
 from megatron_seed.models.qwen import ModelConfigError, QwenSpec
 
 
-def validate_hf_dir(path: str | Path, tp: int = 1, pp: int = 1) -> QwenSpec:
+def validate_hf_dir(path: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> QwenSpec:
     """Check a HF checkpoint folder and the requested layout; raise CommandError (one line)."""
     from megatron_seed.models.convert import HFCheckpoint
 
@@ -17,7 +17,7 @@ def validate_hf_dir(path: str | Path, tp: int = 1, pp: int = 1) -> QwenSpec:
         raise CommandError(f"{p} is not a directory")
     try:
         ckpt = HFCheckpoint(p)
-        ckpt.spec.check_layout(tp, pp)
+        ckpt.spec.check_layout(tp, pp, ep)
     except ModelConfigError as err:
         raise CommandError(str(err)) from None
     return ckpt.spec

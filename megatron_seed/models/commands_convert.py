@@ -1,11 +1,12 @@
 """`seed convert`: HF -> Megatron dist-checkpoint and Megatron -> HF.
 
-  seed convert hf-to-megatron --hf DIR --out DIR [--tp T --pp P]
-  seed convert megatron-to-hf --megatron DIR --out DIR [--tp T --pp P]
-  seed convert hf-to-hf --hf DIR --out DIR [--tp T --pp P]   (round trip through Megatron)
+  seed convert hf-to-megatron --hf DIR --out DIR [--tp T --pp P --ep E]
+  seed convert megatron-to-hf --megatron DIR --out DIR [--tp T --pp P --ep E]
+  seed convert hf-to-hf --hf DIR --out DIR [--tp T --pp P --ep E]   (round trip via Megatron)
 
 The Megatron side is a dist-checkpoint (`megatron.core.dist_checkpointing`), loadable into
-any TP x PP layout; the folder also keeps the HF `config.json` and tokenizer files.
+any TP x PP (x EP for mixture-of-experts models) layout; the folder also keeps the HF
+`config.json` and tokenizer files.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--tp", type=positive, default=1, help="tensor-parallel size")
     parser.add_argument("--pp", type=positive, default=1, help="pipeline-parallel size")
+    parser.add_argument(
+        "--ep", type=positive, default=1, help="expert-parallel size (mixture-of-experts models)"
+    )
 
 
-def _convert_worker(direction: str, src: str, out: str, tp: int, pp: int) -> str:
+def _convert_worker(direction: str, src: str, out: str, tp: int, pp: int, ep: int = 1) -> str:
     from megatron_seed.models import checkpoint
     from megatron_seed.models.convert import (
         HFCheckpoint,
@@ -43,7 +47,7 @@ def _convert_worker(direction: str, src: str, out: str, tp: int, pp: int) -> str
     from megatron_seed.models.parallel import init_parallel
     from megatron_seed.models.qwen import QwenSpec, build_gpt_model
 
-    init_parallel(tp, pp)
+    init_parallel(tp, pp, ep=ep)
     import torch.distributed as dist
 
     if direction in ("hf-to-megatron", "hf-to-hf"):
@@ -73,13 +77,13 @@ def _convert_worker(direction: str, src: str, out: str, tp: int, pp: int) -> str
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the inputs, then convert in TP x PP processes."""
+    """Validate the inputs, then convert in TP x PP x EP processes."""
     from megatron_seed.models.parallel import spawn
 
     if args.direction in ("hf-to-megatron", "hf-to-hf"):
         if not args.hf:
             raise CommandError(f"{args.direction} needs --hf DIR")
-        validate_hf_dir(args.hf, args.tp, args.pp)
+        validate_hf_dir(args.hf, args.tp, args.pp, args.ep)
         src = args.hf
     else:
         if not args.megatron:
@@ -88,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         if not (Path(src) / "hf" / "config.json").is_file():
             raise CommandError(f"{src} is not a megatron-seed checkpoint (no hf/config.json)")
     out = str(output_dir(args.out))
-    spawn(_convert_worker, args.tp * args.pp, args.direction, src, out, args.tp, args.pp)
+    world = args.tp * args.pp * args.ep
+    spawn(_convert_worker, world, args.direction, src, out, args.tp, args.pp, args.ep)
     print(f"wrote {args.out}")
     return 0

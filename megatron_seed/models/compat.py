@@ -18,6 +18,12 @@ the optimizer's gradient clipping, dist-checkpointing) run in float32 on the CPU
    each recomputed block: on the CPU there is none (the CPU RNG state, which it also saves,
    is the one that matters), so getting it returns an empty placeholder and setting it is a
    no-op.
+7. Mixture-of-experts layers (`_moe_cpu_mode`): the router's GEMM names Transformer Engine's
+   `te_general_gemm`, which megatron-core leaves undefined without TE (a NameError; None
+   selects its torch path); the all-to-all dispatcher makes a `torch.cuda.Stream` for its
+   device-to-host copies (a `_NoStream` here, whose recorded event synchronises at once) and
+   converts the split sizes to numpy only when they are on a GPU, while gloo's
+   `all_to_all_single` takes them only as integers (so they are converted on the CPU too).
 
 With CUDA present `enable_cpu_mode()` does nothing. Version differences between the
 megatron-core that Python 3.11 resolves to (0.16.x) and the newest (Python 3.12) are the
@@ -68,8 +74,8 @@ class _NoStream:
     def wait_stream(self, *_: Any) -> None:
         return None
 
-    def record_event(self, *_: Any) -> None:
-        return None
+    def record_event(self, *_: Any) -> _NoStream:
+        return self  # an event that is complete: its `synchronize` returns at once
 
     def synchronize(self) -> None:
         return None
@@ -101,8 +107,30 @@ def enable_cpu_mode() -> bool:
     # activation recompute saves and restores the CUDA RNG around each recomputed block
     tp_random._get_cuda_rng_state = lambda *_a, **_k: torch.empty(0, dtype=torch.uint8)
     tp_random._set_cuda_rng_state = lambda *_a, **_k: None
+    _moe_cpu_mode()
     _CPU_MODE_ON = True
     return True
+
+
+def _moe_cpu_mode() -> None:
+    """Item 7 of this module's list: megatron-core's MoE layers on the CPU."""
+    torch.cuda.Stream = _NoStream  # type: ignore[assignment,misc]
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.moe.token_dispatcher as dispatcher
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    to_cpu = moe_utils.maybe_move_tensor_to_cpu
+
+    def split_sizes_to_numpy(
+        tensor: Any, as_numpy: bool = False, record_stream: bool = False
+    ) -> Any:
+        moved = to_cpu(tensor, as_numpy=as_numpy, record_stream=record_stream)
+        if as_numpy and torch.is_tensor(moved):
+            return moved.numpy()
+        return moved
+
+    dispatcher.maybe_move_tensor_to_cpu = split_sizes_to_numpy
 
 
 def _clip_grads_cpu(

@@ -14,6 +14,14 @@ Megatron layout (local spec; TE spec names in brackets):
   decoder.layers.i.mlp.linear_fc2.weight    [h, f/tp]       <- down_proj (columns split)
   decoder.final_layernorm.weight            [h]             <- model.norm
   output_layer.weight                       [V/tp, h]       <- lm_head (or embed_tokens if tied)
+Mixture-of-experts layers (Qwen3-MoE) instead of the MLP:
+  decoder.layers.i.mlp.router.weight        [E, h]          <- mlp.gate (replicated)
+  decoder.layers.i.mlp.experts.local_experts.j.linear_fc1.weight [2f/etp, h]
+      [TE: mlp.experts.linear_fc1.weight{j}] <- [gate_r; up_r] of mlp.experts.{g}
+  decoder.layers.i.mlp.experts.local_experts.j.linear_fc2.weight [h, f/etp]
+      [TE: mlp.experts.linear_fc2.weight{j}] <- mlp.experts.{g}.down_proj (columns split)
+  where local expert j of EP rank r is global expert g = r * E/ep + j, and etp (expert
+  tensor parallel) splits each expert as TP splits the dense MLP.
 Layer i is local to the pipeline stage; its global index is stage * layers_per_stage + i.
 """
 
@@ -23,6 +31,7 @@ import json
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +52,44 @@ _LAYER_PLAIN = {
     "mlp.linear_fc2.weight": "mlp.down_proj.weight",
 }
 _SPLIT_COLUMNS = {"self_attention.linear_proj.weight", "mlp.linear_fc2.weight"}
+_ROUTER = "mlp.router.weight"
+# an expert's weight: the local spec's SequentialMLP, or TE's grouped GEMM
+_EXPERT = re.compile(
+    r"^mlp\.experts\.(?:local_experts\.(\d+)\.(linear_fc[12])\.weight|(linear_fc[12])\.weight(\d+))$"
+)
+
+
+@dataclass(frozen=True)
+class ExpertShard:
+    """Which experts a rank holds: EP rank `ep_rank` of `ep` holds experts
+    [ep_rank * E/ep, (ep_rank + 1) * E/ep), each split `etp` ways (this rank: `etp_rank`)."""
+
+    ep_rank: int = 0
+    ep: int = 1
+    etp_rank: int = 0
+    etp: int = 1
+
+    def global_expert(self, spec: QwenSpec, local: int) -> int:
+        """The global index of this rank's local expert `local`."""
+        return self.ep_rank * (spec.num_experts // self.ep) + local
+
+    def owner(self, spec: QwenSpec, expert: int) -> int:
+        """The EP rank that holds global expert `expert`."""
+        return expert // (spec.num_experts // self.ep)
+
+
+def _expert_of(suffix: str) -> tuple[int, str] | None:
+    """(local expert index, "linear_fc1" | "linear_fc2") of an expert weight, else None."""
+    match = _EXPERT.match(suffix)
+    if not match:
+        return None
+    if match.group(1) is not None:
+        return int(match.group(1)), match.group(2)
+    return int(match.group(4)), match.group(3)
+
+
+def _hf_expert(i: int, expert: int, proj: str) -> str:
+    return f"model.layers.{i}.mlp.experts.{expert}.{proj}_proj.weight"
 
 
 # ------------------------------------------------------------------ reading HF checkpoints
@@ -157,10 +204,16 @@ def _hf_layer(i: int, suffix: str) -> str:
 
 
 def hf_tensor_for(
-    name: str, ckpt: HFCheckpoint, tp_rank: int, tp: int, layer_offset: int
+    name: str,
+    ckpt: HFCheckpoint,
+    tp_rank: int,
+    tp: int,
+    layer_offset: int,
+    experts: ExpertShard | None = None,
 ) -> torch.Tensor:
-    """The shard of Megatron parameter `name` (local to this stage) for TP rank `tp_rank`;
-    only that shard is read from the checkpoint."""
+    """The shard of Megatron parameter `name` (local to this stage) for TP rank `tp_rank`
+    (and, for an expert's weight, this rank's `experts` shard); only that shard is read from
+    the checkpoint."""
     spec = ckpt.spec
     if name == "embedding.word_embeddings.weight":
         return ckpt.get_part("model.embed_tokens.weight", 0, tp_rank, tp)
@@ -189,6 +242,17 @@ def hf_tensor_for(
         gate = ckpt.get_part(_hf_layer(i, "mlp.gate_proj.weight"), 0, tp_rank, tp)
         up = ckpt.get_part(_hf_layer(i, "mlp.up_proj.weight"), 0, tp_rank, tp)
         return torch.cat([gate, up], dim=0)
+    if suffix == _ROUTER:
+        return ckpt.get(_hf_layer(i, "mlp.gate.weight"))
+    expert = _expert_of(suffix)
+    if expert is not None:
+        experts = experts or ExpertShard()
+        g, part = experts.global_expert(spec, expert[0]), experts.etp_rank
+        if expert[1] == "linear_fc2":
+            return ckpt.get_part(_hf_expert(i, g, "down"), 1, part, experts.etp)
+        gate = ckpt.get_part(_hf_expert(i, g, "gate"), 0, part, experts.etp)
+        up = ckpt.get_part(_hf_expert(i, g, "up"), 0, part, experts.etp)
+        return torch.cat([gate, up], dim=0)
     raise KeyError(f"no HF mapping for Megatron parameter {name!r}")
 
 
@@ -202,6 +266,18 @@ def _stage_info() -> tuple[int, int, int]:
     )
 
 
+def _expert_shard() -> ExpertShard:
+    """This rank's `ExpertShard` in the initialised Megatron groups."""
+    from megatron.core import parallel_state as ps
+
+    return ExpertShard(
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        ep=ps.get_expert_model_parallel_world_size(),
+        etp_rank=ps.get_expert_tensor_parallel_rank(),
+        etp=ps.get_expert_tensor_parallel_world_size(),
+    )
+
+
 def load_hf_weights(model: torch.nn.Module, ckpt: HFCheckpoint | str | Path) -> None:
     """Copy a HF checkpoint into this rank's Megatron model stage, in place."""
     if not isinstance(ckpt, HFCheckpoint):
@@ -209,11 +285,12 @@ def load_hf_weights(model: torch.nn.Module, ckpt: HFCheckpoint | str | Path) -> 
     tp_rank, tp, pp_rank = _stage_info()
     unwrapped = getattr(model, "module", model)
     offset = pp_rank * (ckpt.spec.num_layers // max(1, _pp_size()))
+    experts = _expert_shard()
     with torch.no_grad():
         for name, tensor in unwrapped.state_dict().items():
             if name.endswith("_extra_state"):
                 continue
-            src = hf_tensor_for(name, ckpt, tp_rank, tp, offset)
+            src = hf_tensor_for(name, ckpt, tp_rank, tp, offset, experts)
             if src.shape != tensor.shape:
                 raise ModelConfigError(
                     f"shape mismatch for {name}: checkpoint gives {list(src.shape)}, "
@@ -244,37 +321,45 @@ def hf_names(spec: QwenSpec) -> list[str]:
         if spec.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         names += [p + "self_attn.o_proj.weight", p + "post_attention_layernorm.weight"]
-        names += [p + f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")]
+        if spec.sparse_layers and spec.sparse_layers[i]:  # one expert's tensors together
+            names.append(p + "mlp.gate.weight")
+            for e in range(spec.num_experts):
+                names += [_hf_expert(i, e, m) for m in ("gate", "up", "down")]
+        else:
+            names += [p + f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")]
     names.append("model.norm.weight")
     if not spec.tie_word_embeddings:
         names.append("lm_head.weight")
     return names
 
 
-def _gather_tp(local: torch.Tensor, dim: int) -> torch.Tensor:
+def _tp_parts(local: torch.Tensor, expert: bool) -> list[torch.Tensor]:
+    """Every TP rank's shard of `local` (the expert-TP group's for an expert weight)."""
     from megatron.core import parallel_state as ps
 
-    tp = ps.get_tensor_model_parallel_world_size()
-    if tp == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(tp)]
-    torch.distributed.all_gather(
-        parts, local.contiguous(), group=ps.get_tensor_model_parallel_group()
-    )
-    return torch.cat(parts, dim=dim)
-
-
-def _gather_fc1(local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from megatron.core import parallel_state as ps
-
-    tp = ps.get_tensor_model_parallel_world_size()
-    parts = [local]
-    if tp > 1:
-        parts = [torch.empty_like(local) for _ in range(tp)]
-        torch.distributed.all_gather(
-            parts, local.contiguous(), group=ps.get_tensor_model_parallel_group()
+    if expert:
+        size, group = (
+            ps.get_expert_tensor_parallel_world_size(),
+            ps.get_expert_tensor_parallel_group(),
         )
-    halves = [p.chunk(2, dim=0) for p in parts]
+    else:
+        size, group = (
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_tensor_model_parallel_group(),
+        )
+    if size == 1:
+        return [local]
+    parts = [torch.empty_like(local) for _ in range(size)]
+    torch.distributed.all_gather(parts, local.contiguous(), group=group)
+    return parts
+
+
+def _gather_tp(local: torch.Tensor, dim: int, expert: bool = False) -> torch.Tensor:
+    return torch.cat(_tp_parts(local, expert), dim=dim)
+
+
+def _gather_fc1(local: torch.Tensor, expert: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    halves = [p.chunk(2, dim=0) for p in _tp_parts(local, expert)]
     return torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])
 
 
@@ -294,6 +379,7 @@ class _LocalStageToHF:
             k: v for k, v in unwrapped.state_dict().items() if not k.endswith("_extra_state")
         }
         self.offset = ps.get_pipeline_model_parallel_rank() * (spec.num_layers // _pp_size())
+        self.experts = _expert_shard()
         self.sources: dict[str, str] = {}
         for name in self.params:
             for hf in self._hf_names_of(name, self.offset):
@@ -319,7 +405,18 @@ class _LocalStageToHF:
             return [_hf_layer(i, f"self_attn.{p}_proj.{kind}") for p in "qkv"]
         if suffix == "mlp.linear_fc1.weight":
             return [_hf_layer(i, "mlp.gate_proj.weight"), _hf_layer(i, "mlp.up_proj.weight")]
+        if suffix == _ROUTER:
+            return [_hf_layer(i, "mlp.gate.weight")]
+        expert = _expert_of(suffix)
+        if expert is not None:
+            g = self.experts.global_expert(spec, expert[0])
+            projs = ("down",) if expert[1] == "linear_fc2" else ("gate", "up")
+            return [_hf_expert(i, g, m) for m in projs]
         raise KeyError(f"no HF mapping for Megatron parameter {name!r}")
+
+    def holds(self, hf_name: str) -> bool:
+        """Whether this rank has (its TP share of) HF tensor `hf_name`."""
+        return hf_name in self.sources
 
     def any_param(self) -> torch.Tensor:
         """One of this stage's parameters (for dtype and device)."""
@@ -338,11 +435,16 @@ class _LocalStageToHF:
         suffix = _LAYER.match(name).group(2)
         if suffix in _LAYER_PLAIN:
             return _gather_tp(local, 1) if suffix in _SPLIT_COLUMNS else local
+        if suffix == _ROUTER:
+            return local
+        expert = _expert_of(suffix)
+        if expert is not None and expert[1] == "linear_fc2":
+            return _gather_tp(local, 1, expert=True)
         names = self._hf_names_of(name, self.offset)
         if suffix.startswith("self_attention.linear_qkv."):
             parts = split_qkv(self.spec, _gather_tp(local, 0))
-        else:  # mlp.linear_fc1.weight
-            parts = _gather_fc1(local)
+        else:  # the dense or an expert's linear_fc1: [gate; up] per TP rank
+            parts = _gather_fc1(local, expert=expert is not None)
         self._parts.update(zip(names, parts, strict=True))
         return self._parts.pop(hf_name)
 
@@ -350,6 +452,10 @@ class _LocalStageToHF:
 def hf_shape(spec: QwenSpec, name: str) -> tuple[int, ...]:
     """The shape of HF tensor `name` of a model of this spec."""
     h, f, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    if ".mlp.experts." in name:
+        f = spec.moe_ffn
+    if name.endswith(".mlp.gate.weight"):
+        return (spec.num_experts, h)
     q, kv = spec.num_heads * d, spec.num_kv_heads * d
     table = {
         "embed_tokens.weight": (spec.vocab_size, h),
@@ -387,8 +493,9 @@ def export_hf_weights(
     """Stream (HF name, full tensor) for the whole model, in `hf_names` order.
 
     A collective: every rank of the model-parallel group must iterate it to the end. Every
-    rank receives every full tensor (gathered over TP, broadcast over PP), so any rank can
-    feed the rollout engines.
+    rank receives every full tensor (gathered over TP, broadcast over EP from the rank that
+    holds the expert, broadcast over PP), so any rank can feed the rollout engines; one
+    tensor is in flight at a time.
     """
     from megatron.core import parallel_state as ps
 
@@ -398,16 +505,35 @@ def export_hf_weights(
     local = _LocalStageToHF(model, spec)  # builds each tensor when it is its turn
     for name in hf_names(spec):
         owner = _owner_stage(spec, name)
-        if _pp_size() == 1:
-            tensor = local.get(name)
-        else:
-            if my_stage == owner:
-                tensor = local.get(name).contiguous()
-            else:
+        tensor = None
+        if my_stage == owner:
+            tensor = _from_expert_owner(local, spec, name)
+        if _pp_size() > 1:
+            if tensor is None:
                 ref = local.any_param()
                 tensor = torch.empty(hf_shape(spec, name), dtype=ref.dtype, device=ref.device)
+            tensor = tensor.contiguous()
             torch.distributed.broadcast(tensor, src=pp_ranks[owner], group=pp_group)
         yield name, (tensor.to(dtype) if dtype is not None else tensor)
+
+
+def _from_expert_owner(local: _LocalStageToHF, spec: QwenSpec, name: str) -> torch.Tensor:
+    """HF tensor `name` of this stage: built here, or for an expert held by another EP rank
+    broadcast from it over the EP group."""
+    from megatron.core import parallel_state as ps
+
+    if local.experts.ep == 1 or ".mlp.experts." not in name:
+        return local.get(name)
+    expert = int(name.split(".")[5])  # model.layers.{i}.mlp.experts.{e}.*
+    group = ps.get_expert_model_parallel_group()
+    src = torch.distributed.get_process_group_ranks(group)[local.experts.owner(spec, expert)]
+    if local.holds(name):
+        tensor = local.get(name).contiguous()
+    else:
+        ref = local.any_param()
+        tensor = torch.empty(hf_shape(spec, name), dtype=ref.dtype, device=ref.device)
+    torch.distributed.broadcast(tensor, src=src, group=group)
+    return tensor
 
 
 def save_hf_checkpoint(

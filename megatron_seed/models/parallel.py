@@ -60,9 +60,12 @@ def resolve_device(requested: str = "auto") -> str:
     return requested
 
 
-def init_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, device: str = "auto") -> None:
+def init_parallel(
+    tp: int = 1, pp: int = 1, seed: int = 1234, device: str = "auto", ep: int = 1
+) -> None:
     """Initialise torch.distributed (if needed) and Megatron's TP/PP/DP groups on the
-    device `resolve_device(device)` plans."""
+    device `resolve_device(device)` plans; `ep` > 1: the experts of a mixture-of-experts
+    model are split over `ep` ranks of each data-parallel group (expert TP = TP)."""
     from megatron.core import parallel_state as ps
 
     on_gpu = resolve_device(device) == "cuda"
@@ -94,9 +97,15 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, device: str = "aut
     world = dist.get_world_size()
     if world % (tp * pp):
         raise ValueError(f"world size {world} is not divisible by TP*PP = {tp * pp}")
+    if world % (tp * pp * ep):
+        raise ValueError(f"world size {world} is not divisible by TP*PP*EP = {tp * pp * ep}")
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+    )
     torch.manual_seed(seed)
     model_parallel_seed(seed)
 

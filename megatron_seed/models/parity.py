@@ -1,7 +1,8 @@
 """Log-prob parity between transformers and megatron-seed for a HF checkpoint.
 
-`megatron_logprobs_distributed` spawns TP x PP processes, loads the checkpoint into the
-sharded Megatron model and scores a batch; `check_parity` compares with transformers.
+`megatron_logprobs_distributed` spawns TP x PP x EP processes (EP: a mixture-of-experts
+model's experts split over the data-parallel ranks), loads the checkpoint into the sharded
+Megatron model and scores a batch; `check_parity` compares with transformers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 import torch
 
 
-def _score_worker(hf_dir: str, tp: int, pp: int, input_ids: torch.Tensor, mbs: int) -> dict:
+def _score_worker(
+    hf_dir: str, tp: int, pp: int, input_ids: torch.Tensor, mbs: int, ep: int = 1
+) -> dict:
     """One rank: build the stage, load the HF weights, score, round-trip the weights."""
     import torch.distributed as dist
 
@@ -20,7 +23,7 @@ def _score_worker(hf_dir: str, tp: int, pp: int, input_ids: torch.Tensor, mbs: i
     from megatron_seed.models.parallel import init_parallel
     from megatron_seed.models.qwen import build_gpt_model
 
-    init_parallel(tp, pp)
+    init_parallel(tp, pp, ep=ep)
     ckpt = HFCheckpoint(hf_dir)
     model = build_gpt_model(ckpt.spec)
     load_hf_weights(model, ckpt)
@@ -40,12 +43,19 @@ def _score_worker(hf_dir: str, tp: int, pp: int, input_ids: torch.Tensor, mbs: i
 
 
 def megatron_logprobs_distributed(
-    hf_dir: str | Path, tp: int, pp: int, input_ids: torch.Tensor, micro_batch_size: int = 1
+    hf_dir: str | Path,
+    tp: int,
+    pp: int,
+    input_ids: torch.Tensor,
+    micro_batch_size: int = 1,
+    ep: int = 1,
 ) -> list[dict]:
-    """Score `input_ids` with the checkpoint split TP x PP ways; one result per rank."""
+    """Score `input_ids` with the checkpoint split TP x PP (x EP) ways; one result per rank
+    (every rank scores the whole batch)."""
     from megatron_seed.models.parallel import spawn
 
-    return spawn(_score_worker, tp * pp, str(hf_dir), tp, pp, input_ids, micro_batch_size)
+    world = tp * pp * ep
+    return spawn(_score_worker, world, str(hf_dir), tp, pp, input_ids, micro_batch_size, ep)
 
 
 def random_batch(vocab_size: int, batch: int = 4, seq: int = 64, seed: int = 0) -> torch.Tensor:
@@ -66,17 +76,23 @@ def hf_reference_logprobs(hf_dir: str | Path, input_ids: torch.Tensor) -> torch.
 
 
 def check_parity(
-    hf_dir: str | Path, tp: int, pp: int, batch: int = 4, seq: int = 64, seed: int = 0
+    hf_dir: str | Path,
+    tp: int,
+    pp: int,
+    batch: int = 4,
+    seq: int = 64,
+    seed: int = 0,
+    ep: int = 1,
 ) -> dict:
     """Max |logprob diff| between transformers and megatron-seed, plus the round-trip check."""
     from megatron_seed.models.qwen import QwenSpec
 
     spec = QwenSpec.from_pretrained(hf_dir)
-    spec.check_layout(tp, pp)
+    spec.check_layout(tp, pp, ep)
     ids = random_batch(spec.vocab_size, batch, seq, seed)
     ref = hf_reference_logprobs(hf_dir, ids)
     mbs = batch // 2 if batch % 2 == 0 else 1
-    results = megatron_logprobs_distributed(hf_dir, tp, pp, ids, mbs)
+    results = megatron_logprobs_distributed(hf_dir, tp, pp, ids, mbs, ep)
     diffs = [float((r["logprobs"] - ref).abs().max()) for r in results]
     return {
         "max_abs_diff": max(diffs),

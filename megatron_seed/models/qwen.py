@@ -1,11 +1,17 @@
-"""Megatron-core `GPTModel`s of the Qwen family (Qwen2, Qwen2.5, Qwen3 dense), built from a
-Hugging Face `config.json`.
+"""Megatron-core `GPTModel`s of the Qwen family (Qwen2, Qwen2.5, Qwen3 dense and Qwen3
+mixture-of-experts), built from a Hugging Face `config.json`.
 
 `QwenSpec` reads and validates the HF config (fail loud: unknown architectures, rope scaling
-we do not implement, TP that does not divide heads/groups/vocab). `build_gpt_model` builds the
-local stage of the model for the current Megatron process groups: the local layer spec on
-CPU (float32, see `compat.py`), the Transformer Engine spec on GPUs (bf16, optional FP8),
-with TE imported only there.
+we do not implement, TP/EP that does not divide heads/groups/vocab/experts). `build_gpt_model`
+builds the local stage of the model for the current Megatron process groups: the local layer
+spec on CPU (float32, see `compat.py`; experts as a `SequentialMLP`), the Transformer Engine
+spec on GPUs (bf16, optional FP8; experts as TE's grouped GEMM), with TE imported only there.
+
+Qwen3-MoE in Megatron's terms: each sparse layer's MLP is a `MoELayer` whose router
+(`mlp.router.weight` [E, h], HF `mlp.gate.weight`) scores every expert, picks the top k, and
+weighs their outputs by the softmax of the chosen logits when `norm_topk_prob` (the softmax
+over all experts, not renormalised, otherwise); no shared experts. Expert parallelism (EP)
+places E/EP whole experts on each rank; expert tensor parallelism is TP's size.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 
 from megatron_seed.recipes import param_count
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe")
 
 
 class ModelConfigError(ValueError):
@@ -29,7 +35,7 @@ class ModelConfigError(ValueError):
 
 @dataclass(frozen=True)
 class QwenSpec:
-    """The architecture facts of a Qwen2/2.5/3 dense checkpoint."""
+    """The architecture facts of a Qwen2/2.5/3 checkpoint, dense or mixture-of-experts."""
 
     model_type: str
     vocab_size: int
@@ -45,6 +51,17 @@ class QwenSpec:
     max_position_embeddings: int
     qkv_bias: bool
     qk_norm: bool
+    # mixture-of-experts (Qwen3-MoE); 0 experts: a dense model
+    num_experts: int = 0
+    top_k: int = 0
+    moe_ffn: int = 0  # each expert's intermediate size
+    norm_topk_prob: bool = True  # the chosen experts' weights renormalised to sum to 1
+    sparse_layers: tuple[bool, ...] = ()  # per layer: MoE (True) or dense MLP
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether some layer's MLP is a mixture of experts."""
+        return self.num_experts > 0
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> QwenSpec:
@@ -54,13 +71,16 @@ class QwenSpec:
             archs = cfg.get("architectures")
             raise ModelConfigError(
                 f"unsupported architecture model_type={model_type!r} architectures={archs}; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (dense)"
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
             if key not in cfg:
                 raise ModelConfigError(f"config.json lacks {key!r}")
-        if cfg.get("num_experts") or cfg.get("num_local_experts"):
-            raise ModelConfigError("mixture-of-experts Qwen models are not supported")
+        experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+        if experts and model_type != "qwen3_moe":
+            raise ModelConfigError(
+                f"model_type {model_type!r} has no experts, config says {experts}"
+            )
         if cfg.get("use_sliding_window"):
             raise ModelConfigError("sliding-window attention is not supported")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -71,7 +91,7 @@ class QwenSpec:
         heads = cfg.get("num_attention_heads")
         hidden = cfg["hidden_size"]
         head_dim = cfg.get("head_dim") or hidden // heads
-        is_qwen3 = model_type == "qwen3"
+        is_qwen3 = model_type in ("qwen3", "qwen3_moe")
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
@@ -87,6 +107,7 @@ class QwenSpec:
             max_position_embeddings=cfg.get("max_position_embeddings", 32768),
             qkv_bias=bool(cfg.get("attention_bias", False)) if is_qwen3 else True,
             qk_norm=is_qwen3,
+            **(_moe_fields(cfg, experts) if model_type == "qwen3_moe" else {}),
         )
 
     @classmethod
@@ -101,30 +122,68 @@ class QwenSpec:
             raise ModelConfigError(f"{config_path} is not valid JSON: {err}") from err
         return cls.from_hf_config(cfg)
 
-    def check_layout(self, tp: int, pp: int) -> None:
-        """Fail loud if this model cannot be split `tp` x `pp` ways."""
-        if tp < 1 or pp < 1:
-            raise ModelConfigError(f"tp and pp must be >= 1, got tp={tp} pp={pp}")
-        for what, n in (
+    def check_layout(self, tp: int, pp: int, ep: int = 1) -> None:
+        """Fail loud if this model cannot be split `tp` x `pp` (x `ep` over experts) ways."""
+        if tp < 1 or pp < 1 or ep < 1:
+            raise ModelConfigError(f"tp, pp and ep must be >= 1, got tp={tp} pp={pp} ep={ep}")
+        sizes = [
             ("attention heads", self.num_heads),
             ("query groups (KV heads)", self.num_kv_heads),
             ("vocab size", self.vocab_size),
-            ("intermediate size", self.intermediate_size),
-        ):
+        ]
+        if not all(self.sparse_layers) or not self.is_moe:
+            sizes.append(("intermediate size", self.intermediate_size))
+        if self.is_moe:
+            sizes.append(("expert intermediate size", self.moe_ffn))
+        for what, n in sizes:
             if n % tp:
                 raise ModelConfigError(f"TP={tp} does not divide the {what} ({n})")
         if self.num_layers % pp:
             raise ModelConfigError(f"PP={pp} does not divide the {self.num_layers} layers")
+        if ep > 1 and not self.is_moe:
+            raise ModelConfigError(f"EP={ep} is for mixture-of-experts models; this one is dense")
+        if self.is_moe and self.num_experts % ep:
+            raise ModelConfigError(f"EP={ep} does not divide the {self.num_experts} experts")
 
     @property
     def num_params(self) -> int:
-        """Parameter count (embeddings counted once when tied)."""
-        return param_count(
-            layers=self.num_layers, hidden=self.hidden_size, heads=self.num_heads,
-            kv_heads=self.num_kv_heads, head_dim=self.head_dim, ffn=self.intermediate_size,
-            vocab=self.vocab_size, tied=self.tie_word_embeddings, qkv_bias=self.qkv_bias,
-            qk_norm=self.qk_norm,
+        """Parameter count (embeddings counted once when tied; every expert)."""
+        sparse = sum(self.sparse_layers)
+        common = dict(
+            hidden=self.hidden_size, heads=self.num_heads, kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, ffn=self.intermediate_size, vocab=self.vocab_size,
+            tied=self.tie_word_embeddings, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
         )  # fmt: skip
+        dense = param_count(layers=self.num_layers - sparse, **common)
+        if not sparse:
+            return dense
+        moe = param_count(
+            layers=sparse, experts=self.num_experts, expert_ffn=self.moe_ffn, **common
+        )
+        return dense + moe - param_count(layers=0, **common)  # embeddings and final norm once
+
+
+def _moe_fields(cfg: dict[str, Any], experts: int) -> dict[str, Any]:
+    """QwenSpec's mixture-of-experts fields from a Qwen3-MoE config (transformers' rule for
+    which layers are sparse: not in `mlp_only_layers` and (i + 1) % `decoder_sparse_step` == 0)."""
+    for key in ("num_experts_per_tok", "moe_intermediate_size"):
+        if not cfg.get(key):
+            raise ModelConfigError(f"config.json of a qwen3_moe model lacks {key!r}")
+    if not experts:
+        raise ModelConfigError("config.json of a qwen3_moe model lacks 'num_experts'")
+    top_k = cfg["num_experts_per_tok"]
+    if not 1 <= top_k <= experts:
+        raise ModelConfigError(f"num_experts_per_tok={top_k} must be in 1..{experts} (num_experts)")
+    step = cfg.get("decoder_sparse_step", 1)
+    dense_only = set(cfg.get("mlp_only_layers") or [])
+    layers = cfg["num_hidden_layers"]
+    return dict(
+        num_experts=experts,
+        top_k=top_k,
+        moe_ffn=cfg["moe_intermediate_size"],
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        sparse_layers=tuple(i not in dense_only and (i + 1) % step == 0 for i in range(layers)),
+    )
 
 
 RECOMPUTE: dict[str, dict[str, Any]] = {
@@ -147,10 +206,14 @@ def transformer_config(
     recompute: str = "none",
     initialize: bool = True,
     switches: dict[str, bool] | None = None,
+    ep: int = 1,
+    aux_loss_coeff: float = 0.0,
 ) -> Any:
     """The megatron-core `TransformerConfig` for `spec` (`recompute`: a `RECOMPUTE` key;
     `initialize=False` skips random initialisation, for weights loaded right after;
-    `switches`: `gpu_switches`, all off by default)."""
+    `switches`: `gpu_switches`, all off by default; `ep`: expert parallel size;
+    `aux_loss_coeff` > 0: the router's load-balancing loss with that weight, off by default
+    as RL trainers of MoE models run it)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_seed.models.compat import filter_kwargs
@@ -185,6 +248,8 @@ def transformer_config(
         perform_initialization=initialize,
     )
     kwargs.update(gpu_switches(False, tp, False) if switches is None else switches)
+    if spec.is_moe:
+        kwargs.update(moe_settings(spec, ep, aux_loss_coeff, on_gpu=torch.cuda.is_available()))
     if fp8_recipe:
         kwargs.update(fp8="hybrid", fp8_recipe=fp8_recipe)
     if recompute not in RECOMPUTE:
@@ -193,6 +258,30 @@ def transformer_config(
     # fusions that are off may be missing from a megatron-core release; anything else may not
     off = frozenset(k for k in OPTIONAL_SWITCHES if not kwargs[k])
     return TransformerConfig(**filter_kwargs(TransformerConfig.__init__, kwargs, off))
+
+
+def moe_settings(spec: QwenSpec, ep: int, aux_loss_coeff: float, on_gpu: bool) -> dict[str, Any]:
+    """`TransformerConfig` fields of a Qwen3-MoE model: its experts, widths and sparse layers,
+    Qwen3's router (softmax in fp32; `norm_topk_prob`: the top-k chosen first and their logits
+    softmaxed, i.e. renormalised; otherwise the softmax over all experts, then the top k), the
+    all-to-all token dispatcher over `ep` ranks, no token dropping, and TE's grouped GEMM on
+    GPUs."""
+    if aux_loss_coeff < 0:
+        raise ModelConfigError(f"the load-balancing loss weight must be >= 0, got {aux_loss_coeff}")
+    return dict(
+        num_moe_experts=spec.num_experts,
+        moe_ffn_hidden_size=spec.moe_ffn,
+        moe_router_topk=spec.top_k,
+        moe_layer_freq=[int(s) for s in spec.sparse_layers],
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not spec.norm_topk_prob,
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="aux_loss" if aux_loss_coeff else "none",
+        moe_aux_loss_coeff=aux_loss_coeff,
+        moe_token_dispatcher_type="alltoall",
+        moe_grouped_gemm=on_gpu,
+        expert_model_parallel_size=ep,
+    )
 
 
 OPTIONAL_SWITCHES = (
@@ -259,8 +348,12 @@ class LocalRMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = config.sequence_parallel
 
 
-def layer_spec(spec: QwenSpec, use_te: bool, core_attention: type | None = None) -> Any:
-    """Transformer Engine layer spec on GPUs, the local (torch) spec elsewhere.
+def layer_spec(
+    spec: QwenSpec, use_te: bool, core_attention: type | None = None, moe: bool = False
+) -> Any:
+    """Transformer Engine layer spec on GPUs, the local (torch) spec elsewhere; `moe`: the
+    layer's MLP is `spec`'s mixture of experts (TE's grouped GEMM on GPUs, megatron-core's
+    `SequentialMLP`, one local MLP per expert, on the CPU).
 
     ``core_attention``: the local spec's core attention class; by default torch's fused
     causal attention instead of Megatron's [b, heads, s, s] score matrix (2-4x faster
@@ -268,12 +361,17 @@ def layer_spec(spec: QwenSpec, use_te: bool, core_attention: type | None = None)
     """
     from megatron.core.models.gpt import gpt_layer_specs
 
+    experts = spec.num_experts if moe else None
     if use_te:
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=experts, moe_grouped_gemm=moe, qk_layernorm=spec.qk_norm
+        )
     from megatron_seed.models.attention import SdpaDotProductAttention
 
     local = copy.deepcopy(  # a private copy: the spec may be shared by other callers
-        gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+        gpt_layer_specs.get_gpt_layer_local_spec(
+            num_experts=experts, qk_layernorm=spec.qk_norm, normalization="RMSNorm"
+        )
     )
     attention = core_attention or SdpaDotProductAttention
     local.submodules.self_attention.submodules.core_attention = attention
@@ -283,19 +381,26 @@ def layer_spec(spec: QwenSpec, use_te: bool, core_attention: type | None = None)
 
 
 def block_spec(config: Any, spec: QwenSpec, use_te: bool, core_attention: type | None) -> Any:
-    """The decoder of this pipeline stage: `layer_spec` layers, and with the local spec a
-    `LocalRMSNorm` final norm (megatron-core's default would refuse sequence parallelism)."""
+    """The decoder of this pipeline stage: `layer_spec` layers (each dense or MoE as
+    `spec.sparse_layers` says), and with the local spec a `LocalRMSNorm` final norm
+    (megatron-core's default would refuse sequence parallelism)."""
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    layer = layer_spec(spec, use_te, core_attention)
+    if use_te and not spec.is_moe:
+        return layer_spec(spec, use_te)
+    kinds = spec.sparse_layers or (False,) * spec.num_layers
+    specs = {moe: layer_spec(spec, use_te, core_attention, moe) for moe in set(kinds)}
+    offset = get_transformer_layer_offset(config)
+    local = [specs[moe] for moe in kinds[offset : offset + get_num_layers_to_build(config)]]
     if use_te:
-        return layer
-    return TransformerBlockSubmodules(
-        layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=LocalRMSNorm
-    )
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        return TransformerBlockSubmodules(layer_specs=local, layer_norm=TENorm)
+    return TransformerBlockSubmodules(layer_specs=local, layer_norm=LocalRMSNorm)
 
 
 def build_gpt_model(
@@ -310,6 +415,7 @@ def build_gpt_model(
     main_grad: bool = False,
     sequence_parallel: bool | None = None,
     logit_chunk_tokens: int = 0,
+    aux_loss_coeff: float = 0.0,
 ) -> Any:
     """This process's stage of the model for the initialised Megatron process groups.
 
@@ -320,7 +426,8 @@ def build_gpt_model(
     gradient-accumulation fusion); the GPU switches follow `gpu_switches`, and
     `sequence_parallel` overrides that one (it runs on the CPU too); `logit_chunk_tokens` > 0:
     the labelled forward scores the sequence in chunks of about that many tokens
-    (`models.chunked`: logits memory O(chunk x V/TP) instead of O(s x V/TP)).
+    (`models.chunked`: logits memory O(chunk x V/TP) instead of O(s x V/TP));
+    `aux_loss_coeff`: the MoE router's load-balancing loss weight (`moe_settings`).
     """
     from megatron.core import parallel_state as ps
 
@@ -328,7 +435,8 @@ def build_gpt_model(
 
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
-    spec.check_layout(tp, pp)
+    ep = ps.get_expert_model_parallel_world_size()
+    spec.check_layout(tp, pp, ep)
     if use_te is None:
         use_te = torch.cuda.is_available() and te_available()
     if fp8_recipe and not use_te:
@@ -337,7 +445,7 @@ def build_gpt_model(
     if sequence_parallel is not None:
         switches["sequence_parallel"] = sequence_parallel and tp > 1
     config = transformer_config(
-        spec, tp, pp, precision, fp8_recipe, recompute, initialize, switches
+        spec, tp, pp, precision, fp8_recipe, recompute, initialize, switches, ep, aux_loss_coeff
     )
     model = ChunkedLossGPTModel(
         config=config,

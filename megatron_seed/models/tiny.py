@@ -16,28 +16,26 @@ TINY_QWEN3 = dict(
     TINY_QWEN2, model_type="qwen3", hidden_size=96, intermediate_size=192,
     num_attention_heads=4, head_dim=32, rope_theta=1000000.0,
 )  # fmt: skip
+TINY_QWEN3_MOE = dict(
+    TINY_QWEN3, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=64, norm_topk_prob=True,
+)  # fmt: skip
+TINY = {"qwen2": TINY_QWEN2, "qwen3": TINY_QWEN3, "qwen3_moe": TINY_QWEN3_MOE}
 
 
 def make_tiny_qwen(out_dir: str | Path, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random tiny Qwen2/Qwen3 checkpoint with transformers' own classes.
+    """Write a random tiny Qwen2 / Qwen3 / Qwen3-MoE checkpoint with transformers' own
+    classes (`model_type` picks the `TINY` base that `overrides` change).
 
     Weights are random (std 0.02 as transformers initialises them, norms perturbed so that
     a wrong norm mapping shows up). Returns the folder.
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = {**TINY_QWEN2, **overrides}
-    if cfg["model_type"] == "qwen3":
-        cfg = {**TINY_QWEN3, **overrides}
-    model_type = cfg.pop("model_type")
-    config_cls, model_cls = (
-        (Qwen3Config, Qwen3ForCausalLM)
-        if model_type == "qwen3"
-        else (Qwen2Config, Qwen2ForCausalLM)
-    )
+    cfg = {**TINY[overrides.get("model_type", "qwen2")], **overrides}
     torch.manual_seed(seed)
-    config = config_cls(**cfg)
-    model = model_cls(config).float()
+    config = AutoConfig.for_model(**cfg)
+    model = AutoModelForCausalLM.from_config(config).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("bias"):

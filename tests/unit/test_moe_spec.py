@@ -1,0 +1,76 @@
+"""QwenSpec of Qwen3-MoE configs: the expert fields, which layers are sparse, the layout
+checks with expert parallelism, and the parameter count against transformers' model."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_seed.models.qwen import ModelConfigError, QwenSpec, moe_settings
+from megatron_seed.models.tiny import TINY_QWEN3, TINY_QWEN3_MOE
+
+
+def test_a_qwen3_moe_config_gives_its_experts_and_router_rule():
+    spec = QwenSpec.from_hf_config({**TINY_QWEN3_MOE, "num_hidden_layers": 4})
+    assert (spec.num_experts, spec.top_k, spec.moe_ffn) == (8, 2, 64)
+    assert spec.norm_topk_prob and spec.qk_norm and spec.is_moe
+    assert spec.sparse_layers == (True, True, True, True)
+    # transformers' own name for the expert count in saved configs
+    cfg = {k: v for k, v in TINY_QWEN3_MOE.items() if k != "num_experts"}
+    assert QwenSpec.from_hf_config({**cfg, "num_local_experts": 8}).num_experts == 8
+
+
+def test_sparse_layers_follow_transformers_rule():
+    cfg = {**TINY_QWEN3_MOE, "num_hidden_layers": 6, "decoder_sparse_step": 2,
+           "mlp_only_layers": [3]}  # fmt: skip
+    spec = QwenSpec.from_hf_config(cfg)
+    # (i + 1) % 2 == 0 and i not in [3]
+    assert spec.sparse_layers == (False, True, False, False, False, True)
+    settings = moe_settings(spec, ep=2, aux_loss_coeff=0.0, on_gpu=False)
+    assert settings["moe_layer_freq"] == [0, 1, 0, 0, 0, 1]
+    assert settings["moe_router_load_balancing_type"] == "none"
+    assert settings["moe_router_pre_softmax"] is False  # renormalised: top-k, then softmax
+
+
+def test_the_parameter_count_is_transformers_count():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {**TINY_QWEN3_MOE, "num_hidden_layers": 3, "mlp_only_layers": [1]}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    assert QwenSpec.from_hf_config(cfg).num_params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "cfg,tp,ep,message",
+    [
+        (TINY_QWEN3_MOE, 1, 3, "EP=3 does not divide the 8 experts"),
+        (TINY_QWEN3, 1, 2, "EP=2 is for mixture-of-experts models"),
+        ({**TINY_QWEN3_MOE, "moe_intermediate_size": 63}, 3, 1, "TP=3 does not divide"),
+        ({**TINY_QWEN3_MOE, "num_experts_per_tok": 9}, 1, 1, "num_experts_per_tok=9"),
+    ],
+)
+def test_layouts_that_cannot_work_fail_in_one_line(cfg, tp, ep, message):
+    with pytest.raises(ModelConfigError, match=message) as err:
+        QwenSpec.from_hf_config(cfg).check_layout(tp, 1, ep)
+    assert "\n" not in str(err.value)
+
+
+def test_a_negative_load_balancing_weight_is_refused():
+    spec = QwenSpec.from_hf_config(TINY_QWEN3_MOE)
+    with pytest.raises(ModelConfigError, match="load-balancing"):
+        moe_settings(spec, ep=1, aux_loss_coeff=-1.0, on_gpu=False)
+
+
+def test_stage2_refuses_a_moe_model_before_any_compute(tmp_path):
+    import json
+
+    from megatron_seed.config import SeedConfig
+    from megatron_seed.pipeline.job import Stage2Job, check_job
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3_MOE))
+    job = Stage2Job(str(tmp_path), ["g1"], str(tmp_path / "out"), SeedConfig())
+    with pytest.raises(ValueError, match="mixture-of-experts model: Stage 2 does not train"):
+        check_job(job)
+    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3))
+    check_job(job)
