@@ -35,7 +35,7 @@ def test_rope_theta_read_from_rope_parameters():
     [
         (dict(model_type="llama"), "unsupported architecture"),
         (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope scaling"),
-        (dict(num_experts=8), "mixture-of-experts"),
+        (dict(num_experts=8), "model_type .qwen2. has no experts"),
     ],
 )
 def test_unsupported_configs_fail_loud(kw, msg):
