@@ -11,12 +11,20 @@ from typing import Any
 class LiveBar:
     """A tqdm bar of `total` steps (`update(n)` as they finish; `initial`: steps done
     before) redrawn every `every_s` seconds until `close()` (or the end of a `with` block);
-    `write(line)` prints a line above it. `enabled=False`: a silent bar."""
+    `write(line)` prints a line above it. `enabled=False`: a silent bar; by default the
+    bar is drawn by one process of a distributed group only (`draws_bars`)."""
 
     def __init__(
-        self, total: int, desc: str, every_s: float = 5.0, enabled: bool = True, initial: int = 0
+        self,
+        total: int,
+        desc: str,
+        every_s: float = 5.0,
+        enabled: bool | None = None,
+        initial: int = 0,
     ) -> None:
         from tqdm import tqdm
+
+        enabled = draws_bars() if enabled is None else enabled
 
         self._bar = tqdm(total=total, desc=desc, initial=initial, disable=not enabled)
         self._stop = threading.Event()
@@ -50,3 +58,11 @@ class LiveBar:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def draws_bars() -> bool:
+    """Whether this process draws progress bars: any process outside torch.distributed, and
+    the first of a distributed group (the others would draw the same bar again)."""
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0

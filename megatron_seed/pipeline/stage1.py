@@ -54,7 +54,6 @@ def _sft_worker(
     model_dir: str, records: list[TrajectoryRecord], out_dir: str, cfg: SeedConfig
 ) -> dict:
     """One rank of SFT: epochs of shuffled mini-batches, then Megatron + HF checkpoints."""
-    import torch.distributed as dist
     from transformers import AutoTokenizer
 
     from megatron_seed.models.parallel import init_parallel
@@ -74,7 +73,7 @@ def _sft_worker(
     pad = tokenizer.pad_token_id or 0
     curve = []
     steps = cfg.sft_epochs * -(-len(seqs) // cfg.sft_batch_size)
-    with LiveBar(steps, "stage 1: sft", enabled=dist.get_rank() == 0) as bar:
+    with LiveBar(steps, "stage 1: sft") as bar:
         for epoch in range(cfg.sft_epochs):
             order = list(range(len(seqs)))
             rng.shuffle(order)
