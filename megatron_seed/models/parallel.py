@@ -95,10 +95,10 @@ def init_parallel(
             os.environ.setdefault("WORLD_SIZE", "1")
         dist.init_process_group(backend=backend, **kwargs)
     world = dist.get_world_size()
-    if world % (tp * pp):
-        raise ValueError(f"world size {world} is not divisible by TP*PP = {tp * pp}")
-    if world % (tp * pp * ep):
-        raise ValueError(f"world size {world} is not divisible by TP*PP*EP = {tp * pp * ep}")
+    model_parallel = tp * pp * ep
+    if world % model_parallel:
+        sizes = "TP*PP" if ep == 1 else "TP*PP*EP"
+        raise ValueError(f"world size {world} is not divisible by {sizes} = {model_parallel}")
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(
