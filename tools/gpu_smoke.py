@@ -9,7 +9,10 @@ checkpoint with random weights, written locally), in up to three modes: "plain" 
 on the CPU), "recipe" (the GPU recipes' trainer settings: distributed optimizer, full
 activation recompute, and the colocated hand-over of grads and optimizer state), and "fp8"
 (`--fp8-recipe` on TE's layer spec, where Transformer Engine is installed; without TE,
-torch-native FP8 GEMMs on the model's shapes are timed against bf16 instead). Each mode:
+torch-native FP8 GEMMs on the model's shapes are timed against bf16 instead); "moe" runs the
+plain mode on a slice of a Qwen3-30B-A3B-shaped mixture of experts (its attention, 128
+experts of width 768, top 8, renormalised; 2 of its 48 layers; `--moe-model` for a local
+Qwen3-MoE folder), TE's grouped GEMM where TE imports. Modes run in `--modes` order. Each mode:
 
 1. `SeedTrainer` is built as Stage 2 builds it (policy, frozen reference, Megatron DDP and
    optimizer; the TE spec when TE imports) from the HF weights;
@@ -64,6 +67,29 @@ TINY = dict(
     num_hidden_layers=2,
     num_attention_heads=4,
 )
+QWEN3_30B_A3B_SLICE = dict(
+    model_type="qwen3_moe",
+    vocab_size=151936,
+    hidden_size=2048,
+    num_hidden_layers=2,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    intermediate_size=6144,
+    norm_topk_prob=True,
+    max_position_embeddings=32768,
+    tie_word_embeddings=False,
+    rope_theta=1000000.0,
+)
+TINY_MOE = dict(
+    QWEN3_30B_A3B_SLICE, vocab_size=512, hidden_size=96, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=64, intermediate_size=192,
+)  # fmt: skip
+MODES = ("plain", "recipe", "fp8", "moe")
 GIB = 2**30
 
 
@@ -93,9 +119,10 @@ class Results:
 
 
 def flops_per_token(spec, seq: int) -> float:
-    """Training FLOPs per token: 6 x params (matmuls) + causal attention scores (6 L h_q d s)."""
+    """Training FLOPs per token: 6 x the parameters it passes through (matmuls; a mixture of
+    experts' active ones) + causal attention scores (6 L h_q d s)."""
     attn = 6 * spec.num_layers * spec.num_heads * spec.head_dim * seq
-    return 6 * spec.num_params + attn
+    return 6 * spec.active_params + attn
 
 
 def smoke_batch(tokenizer, seq: int, rows: int, multiple: int):
@@ -209,7 +236,6 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
     from launch.layout import ClusterLayout, trainer_memory_gib
     from megatron_seed.models.parity import hf_reference_logprobs
     from megatron_seed.recipes import ModelShape
-    from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
     on_gpu = torch.cuda.is_available()
@@ -227,7 +253,7 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
     trainer = SeedTrainer(cfg, hf_dir)
     out["build_seconds"] = time.perf_counter() - t0
     out["transformer_engine_spec"] = (
-        "TE" in type(trainer.model.module.decoder.layers[0].mlp.linear_fc1).__name__
+        "TE" in type(trainer.model.module.decoder.layers[0].self_attention.linear_qkv).__name__
     )
     spec = trainer.spec
     results.phase(name, out, "build")
@@ -276,7 +302,14 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
     out["mfu"] = out["train_tokens_per_s"] * fpt / (args.peak_tflops * 1e12) if on_gpu else None
     results.phase(name, out, "train")
 
-    # memory: the allocator's peak and the bytes held, against the launcher's model
+    # memory: the allocator's peak and the bytes held, against the launcher's model (which
+    # has no experts yet: a mixture of experts records what it holds and its peak only)
+    held = held_bytes(trainer)
+    peak = torch.cuda.max_memory_allocated() / GIB if on_gpu else None
+    if spec.is_moe:
+        out["memory"] = {"held_gib": {k: v / GIB for k, v in held.items()}, "peak_gib": peak}
+        results.phase(name, out, "memory")
+        return resume_check(trainer, cfg, hf_dir, pb, results, name, out)
     shape = ModelShape(
         hf_id=hf_dir, layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads,
         kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, ffn=spec.intermediate_size,
@@ -288,24 +321,29 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
         tokens_per_micro_batch=out["batch"]["seq"],
     )  # fmt: skip
     model = trainer_memory_gib(shape, cfg.parallel, 1, layout)
-    held = held_bytes(trainer)
     static_model = sum(model[k] for k in ("weights_bf16", "grads_fp32", "optimizer_fp32"))
     static_model += model["reference_bf16"]
     out["memory"] = {
         "model_gib": model,
         "held_gib": {k: v / GIB for k, v in held.items()},
         "held_over_model_static": sum(held.values()) / GIB / static_model,
-        "peak_gib": torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
-        "peak_over_model_total": (
-            torch.cuda.max_memory_allocated() / GIB / model["total"] if on_gpu else None
-        ),
+        "peak_gib": peak,
+        "peak_over_model_total": peak / model["total"] if on_gpu else None,
     }
     if par.recompute == "full":  # the recipes' colocated hand-over, then a step on top
         out["handover"] = handover(trainer)
         out["handover"]["loss_after"] = trainer.train_step(pb)["loss/total"]
     results.phase(name, out, "memory")
+    return resume_check(trainer, cfg, hf_dir, pb, results, name, out)
 
-    # checkpoint, one more step, resume into a fresh trainer, the same step
+
+def resume_check(trainer, cfg, hf_dir: str, pb, results: Results, name: str, out: dict) -> dict:
+    """A checkpoint save, one more step, a fresh trainer resumed from the checkpoint taking
+    the same step: the two losses must agree."""
+    from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from megatron_seed.train.trainer import SeedTrainer
+
+    on_gpu = torch.cuda.is_available()
     hf_config = json.loads((Path(hf_dir) / "config.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
@@ -366,15 +404,19 @@ def fp8_matmul_bench(spec, tokens: int, device) -> dict:
     return out
 
 
-def make_model(args, folder: Path) -> str:
-    """The HF folder to use: `--model`, or a random checkpoint of the smoke's shape."""
-    if args.model:
-        return args.model
+def make_model(args, folder: Path, moe: bool = False) -> str:
+    """The HF folder to use: `--model` (`--moe-model`), or a random checkpoint of the smoke's
+    dense (mixture-of-experts) shape."""
+    given = args.moe_model if moe else args.model
+    if given:
+        return given
     from megatron_seed.models.tiny import make_tiny_qwen
 
-    shape = dict(TINY if args.cpu_tiny else QWEN25_05B)
-    make_tiny_qwen(folder / "model", **shape)
-    return str(folder / "model")
+    shapes = {(False, False): QWEN25_05B, (False, True): TINY, (True, False): QWEN3_30B_A3B_SLICE}
+    shape = dict(shapes.get((moe, args.cpu_tiny), TINY_MOE))
+    out = folder / ("moe" if moe else "model")
+    make_tiny_qwen(out, **shape)
+    return str(out)
 
 
 def main() -> int:
@@ -388,8 +430,9 @@ def main() -> int:
     parser.add_argument("--fp8-recipe", default="tensorwise", help="with TE; 'none' skips FP8")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak")
     parser.add_argument("--cpu-tiny", action="store_true", help="tiny model on the CPU")
+    parser.add_argument("--moe-model", help="a local HF Qwen3-MoE folder for the moe mode")
     parser.add_argument(
-        "--modes", default="plain,recipe,fp8", help="which of plain, recipe, fp8 to run"
+        "--modes", default="plain,recipe,fp8,moe", help="which of plain, recipe, fp8, moe, in order"
     )
     parser.add_argument(
         "--budget-s", type=float, default=480.0, help="skip modes that would end past this"
@@ -402,8 +445,8 @@ def main() -> int:
     if args.cpu_tiny:
         args.seq, args.steps, args.parity_seq = min(args.seq, 128), min(args.steps, 2), 32
     wanted = [m for m in args.modes.split(",") if m]
-    if unknown := set(wanted) - {"plain", "recipe", "fp8"}:
-        print(f"unknown --modes {sorted(unknown)}: choose from plain, recipe, fp8", file=sys.stderr)
+    if unknown := set(wanted) - set(MODES):
+        print(f"unknown --modes {sorted(unknown)}: choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
 
     from megatron_seed.models.parallel import init_parallel
@@ -428,22 +471,26 @@ def main() -> int:
     corpus = ["go to the fridge and open it", "take the mug from the desk"] * 20
     tokenizer = build_tokenizer(corpus, vocab_size=300)
     precision = "bf16" if on_gpu else "fp32"
-    modes = []  # (name, config)
-    if "plain" in wanted:
-        modes.append(("plain", mode_config(precision, None, False, on_gpu)))
-    if "recipe" in wanted:
-        modes.append(("recipe", mode_config(precision, None, True, on_gpu)))
-    if "fp8" in wanted:
-        if results.data["transformer_engine"]:
-            modes.append(("fp8", mode_config("bf16", args.fp8_recipe, False, on_gpu)))
-        else:
+    configs = {
+        "plain": mode_config(precision, None, False, on_gpu),
+        "recipe": mode_config(precision, None, True, on_gpu),
+        "fp8": mode_config("bf16", args.fp8_recipe, False, on_gpu),
+        "moe": mode_config(precision, None, False, on_gpu),
+    }
+    modes = []  # (name, config), in the order asked for
+    for name in wanted:
+        if name == "fp8" and not results.data["transformer_engine"]:
             results.data["modes"]["fp8"] = {"skipped": "needs Transformer Engine and a GPU"}
+        else:
+            modes.append((name, configs[name]))
     with tempfile.TemporaryDirectory() as tmp:
-        hf_dir = make_model(args, Path(tmp))
         from megatron_seed.models.qwen import QwenSpec
 
-        spec = QwenSpec.from_pretrained(hf_dir)
-        results.data["model"] = {"path": args.model or "random", "params": spec.num_params}
+        dense = set(wanted) - {"moe"}
+        hf_dir = make_model(args, Path(tmp)) if dense else ""
+        spec = QwenSpec.from_pretrained(hf_dir) if dense else None
+        if spec is not None:
+            results.data["model"] = {"path": args.model or "random", "params": spec.num_params}
         took: list[float] = []
         for name, cfg in modes:
             elapsed = time.perf_counter() - results.start
@@ -456,9 +503,20 @@ def main() -> int:
             print(f"smoke: {name} ...", flush=True)
             out = results.data["modes"][name] = {}
             t = time.perf_counter()
-            run_mode(args, hf_dir, tokenizer, name, cfg, results, out)
+            mode_dir = hf_dir
+            if name == "moe":
+                mode_dir = make_model(args, Path(tmp), moe=True)
+                moe_spec = QwenSpec.from_pretrained(mode_dir)
+                out["model"] = {
+                    "path": args.moe_model or "random",
+                    "params": moe_spec.num_params,
+                    "experts": moe_spec.num_experts,
+                    "top_k": moe_spec.top_k,
+                    "layers": moe_spec.num_layers,
+                }
+            run_mode(args, mode_dir, tokenizer, name, cfg, results, out)
             took.append(time.perf_counter() - t)
-        if on_gpu and not results.data["transformer_engine"]:  # FP8 GEMMs without TE
+        if on_gpu and spec is not None and not results.data["transformer_engine"]:  # no TE
             tokens = args.rows * args.seq
             results.data["fp8_torch_native"] = fp8_matmul_bench(spec, tokens, torch.device("cuda"))
     results.data["done"] = True

@@ -162,6 +162,15 @@ class QwenSpec:
         )
         return dense + moe - param_count(layers=0, **common)  # embeddings and final norm once
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: `num_params` less the experts it is not
+        routed to (each sparse layer runs `top_k` of `num_experts` gated MLPs of 3 h x f)."""
+        idle = self.num_experts - self.top_k if self.is_moe else 0
+        return (
+            self.num_params - sum(self.sparse_layers) * idle * 3 * self.hidden_size * self.moe_ffn
+        )
+
 
 def _moe_fields(cfg: dict[str, Any], experts: int) -> dict[str, Any]:
     """QwenSpec's mixture-of-experts fields from a Qwen3-MoE config (transformers' rule for
@@ -208,12 +217,14 @@ def transformer_config(
     switches: dict[str, bool] | None = None,
     ep: int = 1,
     aux_loss_coeff: float = 0.0,
+    te_spec: bool = False,
 ) -> Any:
     """The megatron-core `TransformerConfig` for `spec` (`recompute`: a `RECOMPUTE` key;
     `initialize=False` skips random initialisation, for weights loaded right after;
     `switches`: `gpu_switches`, all off by default; `ep`: expert parallel size;
     `aux_loss_coeff` > 0: the router's load-balancing loss with that weight, off by default
-    as RL trainers of MoE models run it)."""
+    as RL trainers of MoE models run it; `te_spec`: the layers are Transformer Engine's, so
+    the experts are its grouped GEMM)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_seed.models.compat import filter_kwargs
@@ -249,7 +260,7 @@ def transformer_config(
     )
     kwargs.update(gpu_switches(False, tp, False) if switches is None else switches)
     if spec.is_moe:
-        kwargs.update(moe_settings(spec, ep, aux_loss_coeff, on_gpu=torch.cuda.is_available()))
+        kwargs.update(moe_settings(spec, ep, aux_loss_coeff, grouped_gemm=te_spec))
     if fp8_recipe:
         kwargs.update(fp8="hybrid", fp8_recipe=fp8_recipe)
     if recompute not in RECOMPUTE:
@@ -260,12 +271,15 @@ def transformer_config(
     return TransformerConfig(**filter_kwargs(TransformerConfig.__init__, kwargs, off))
 
 
-def moe_settings(spec: QwenSpec, ep: int, aux_loss_coeff: float, on_gpu: bool) -> dict[str, Any]:
+def moe_settings(
+    spec: QwenSpec, ep: int, aux_loss_coeff: float, grouped_gemm: bool
+) -> dict[str, Any]:
     """`TransformerConfig` fields of a Qwen3-MoE model: its experts, widths and sparse layers,
     Qwen3's router (softmax in fp32; `norm_topk_prob`: the top-k chosen first and their logits
     softmaxed, i.e. renormalised; otherwise the softmax over all experts, then the top k), the
-    all-to-all token dispatcher over `ep` ranks, no token dropping, and TE's grouped GEMM on
-    GPUs."""
+    all-to-all token dispatcher over `ep` ranks, no token dropping; `grouped_gemm`: the
+    experts are TE's grouped GEMM (the TE layer spec), else one local MLP per expert (a GPU
+    without TE too: megatron-core's own grouped MLP needs a package we do not install)."""
     if aux_loss_coeff < 0:
         raise ModelConfigError(f"the load-balancing loss weight must be >= 0, got {aux_loss_coeff}")
     return dict(
@@ -279,7 +293,7 @@ def moe_settings(spec: QwenSpec, ep: int, aux_loss_coeff: float, on_gpu: bool) -
         moe_router_load_balancing_type="aux_loss" if aux_loss_coeff else "none",
         moe_aux_loss_coeff=aux_loss_coeff,
         moe_token_dispatcher_type="alltoall",
-        moe_grouped_gemm=on_gpu,
+        moe_grouped_gemm=grouped_gemm,
         expert_model_parallel_size=ep,
     )
 
@@ -445,7 +459,17 @@ def build_gpt_model(
     if sequence_parallel is not None:
         switches["sequence_parallel"] = sequence_parallel and tp > 1
     config = transformer_config(
-        spec, tp, pp, precision, fp8_recipe, recompute, initialize, switches, ep, aux_loss_coeff
+        spec,
+        tp,
+        pp,
+        precision,
+        fp8_recipe,
+        recompute,
+        initialize,
+        switches,
+        ep,
+        aux_loss_coeff,
+        te_spec=use_te,
     )
     model = ChunkedLossGPTModel(
         config=config,

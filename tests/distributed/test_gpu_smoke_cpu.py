@@ -10,12 +10,12 @@ PHASES = ["build", "parity", "packing", "train", "memory", "resume"]
 
 
 def test_cpu_dry_run(tmp_path):
-    """The whole script on a tiny model, in its plain and recipe modes: parity with
+    """The whole script on a tiny model, in its plain, recipe and moe modes: parity with
     transformers, a finite SEED update, an exact resume, the trainer's memory equal to the
     launcher's static model, the colocated hand-over (nothing to give back on the CPU),
     every phase saved; FP8 recorded as skipped without TE."""
     result = _run(tmp_path, "--cpu-tiny")
-    assert result["done"] and set(result["modes"]) == {"plain", "recipe", "fp8"}
+    assert result["done"] and set(result["modes"]) == {"plain", "recipe", "fp8", "moe"}
     assert "Transformer Engine" in result["modes"]["fp8"]["skipped"]
     for name in ("plain", "recipe"):
         mode = result["modes"][name]
@@ -34,3 +34,14 @@ def test_cpu_dry_run(tmp_path):
     assert math.isfinite(recipe["handover"]["loss_after"])
     # full recompute changes memory, not numbers: the two modes take the same first step
     assert recipe["losses"][0] == result["modes"]["plain"]["losses"][0]
+    # the mixture of experts: the same checks, and every expert's weights, gradients and
+    # Adam moments held (float32: 4 + 4 + 8 bytes per parameter, and the reference's 4)
+    moe = result["modes"]["moe"]
+    assert moe["phases_done"] == PHASES
+    assert moe["model"]["experts"] == 8 and moe["model"]["top_k"] == 2
+    assert moe["parity"]["max_abs_diff"] < 1e-4 and moe["packing"]["max_abs_diff"] < 1e-5
+    assert moe["finite"] and moe["resume"]["abs_diff"] == 0.0
+    held = {k: v * 2**30 for k, v in moe["memory"]["held_gib"].items()}
+    params = moe["model"]["params"]
+    assert held == {"weights": 4 * params, "grads": 4 * params, "optimizer": 8 * params,
+                    "reference": 4 * params}  # fmt: skip

@@ -25,7 +25,7 @@ def test_sparse_layers_follow_transformers_rule():
     spec = QwenSpec.from_hf_config(cfg)
     # (i + 1) % 2 == 0 and i not in [3]
     assert spec.sparse_layers == (False, True, False, False, False, True)
-    settings = moe_settings(spec, ep=2, aux_loss_coeff=0.0, on_gpu=False)
+    settings = moe_settings(spec, ep=2, aux_loss_coeff=0.0, grouped_gemm=False)
     assert settings["moe_layer_freq"] == [0, 1, 0, 0, 0, 1]
     assert settings["moe_router_load_balancing_type"] == "none"
     assert settings["moe_router_pre_softmax"] is False  # renormalised: top-k, then softmax
@@ -59,7 +59,7 @@ def test_layouts_that_cannot_work_fail_in_one_line(cfg, tp, ep, message):
 def test_a_negative_load_balancing_weight_is_refused():
     spec = QwenSpec.from_hf_config(TINY_QWEN3_MOE)
     with pytest.raises(ModelConfigError, match="load-balancing"):
-        moe_settings(spec, ep=1, aux_loss_coeff=-1.0, on_gpu=False)
+        moe_settings(spec, ep=1, aux_loss_coeff=-1.0, grouped_gemm=False)
 
 
 def test_stage2_refuses_a_moe_model_before_any_compute(tmp_path):
@@ -74,3 +74,56 @@ def test_stage2_refuses_a_moe_model_before_any_compute(tmp_path):
         check_job(job)
     (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3))
     check_job(job)
+
+
+@pytest.mark.parametrize(
+    "shape,total,active",
+    [  # Qwen's model cards: 30.5B total / 3.3B activated, 235B / 22B
+        (dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+              moe_intermediate_size=768), 30.53e9, 3.35e9),
+        (dict(hidden_size=4096, num_hidden_layers=94, num_attention_heads=64,
+              moe_intermediate_size=1536), 235.09e9, 22.19e9),
+    ],
+)  # fmt: skip
+def test_active_parameters_are_the_model_cards(shape, total, active):
+    cfg = {**TINY_QWEN3_MOE, "vocab_size": 151936, "num_key_value_heads": 4, "head_dim": 128,
+           "num_experts": 128, "num_experts_per_tok": 8, **shape}  # fmt: skip
+    spec = QwenSpec.from_hf_config(cfg)
+    assert spec.num_params == pytest.approx(total, rel=1e-3)
+    assert spec.active_params == pytest.approx(active, rel=1e-3)
+
+
+def test_active_parameters_drop_exactly_the_unrouted_experts():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {**TINY_QWEN3_MOE, "num_hidden_layers": 3, "mlp_only_layers": [1]}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    total = sum(p.numel() for p in model.parameters())
+    # experts of the two sparse layers, counted from transformers' own modules
+    one_expert = (
+        sum(
+            p.numel()
+            for n, p in model.named_parameters()
+            if n.startswith("model.layers.0.mlp.experts")
+        )
+        // cfg["num_experts"]
+    )
+    unrouted = 2 * (cfg["num_experts"] - cfg["num_experts_per_tok"]) * one_expert
+    assert QwenSpec.from_hf_config(cfg).active_params == total - unrouted
+    dense = QwenSpec.from_hf_config(TINY_QWEN3)
+    assert dense.active_params == dense.num_params
+
+
+def test_experts_are_a_grouped_gemm_only_on_te_layers(monkeypatch):
+    """A GPU without Transformer Engine builds the local spec (one MLP per expert): the
+    config must not ask for the grouped GEMM there, whatever the device."""
+    import torch
+
+    from megatron_seed.models.qwen import transformer_config
+
+    spec = QwenSpec.from_hf_config(TINY_QWEN3_MOE)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not transformer_config(spec).moe_grouped_gemm
+    assert moe_settings(spec, ep=1, aux_loss_coeff=0.0, grouped_gemm=True)["moe_grouped_gemm"]
