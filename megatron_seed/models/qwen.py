@@ -484,11 +484,23 @@ def build_gpt_model(
         rotary_base=int(spec.rope_theta),
     )
     model.logit_chunk_tokens = logit_chunk_tokens
+    cast_torch_norms(model, config.params_dtype)
     if not initialize:
         mark_tensor_parallel(model)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def cast_torch_norms(model: Any, dtype: torch.dtype) -> None:
+    """Give the local spec's torch norms (`LocalRMSNorm`, megatron-core's `WrappedTorchNorm`
+    q/k norms), which torch creates in float32, the model's parameter dtype, as every
+    Megatron and TE module has. A float32 parameter in a bf16 model sits out of Megatron's
+    mixed-precision optimizer's bf16 groups, whose checkpoint then pairs optimizer states
+    with the wrong parameters."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.RMSNorm | torch.nn.LayerNorm):
+            module.to(dtype)
 
 
 def mark_tensor_parallel(model: Any) -> None:

@@ -9,7 +9,11 @@ import pytest
 
 from megatron_seed.models.parallel import spawn
 from megatron_seed.models.tiny import make_tiny_qwen
-from tests.distributed.workers import attention_paths_agree, packed_matches_separate
+from tests.distributed.workers import (
+    attention_paths_agree,
+    packed_matches_separate,
+    parameter_dtypes,
+)
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
@@ -38,3 +42,15 @@ def test_packed_sequences_match_running_each_alone(tmp_path, model_type, tp, sp)
         assert r["nll_scale"] > 1.0 and r["unpacked_diff"] > 1e-3, r
         assert r["nll_diff"] < 1e-5, r
         assert r["grad_diff"] < 1e-5 * max(1.0, r["grad_scale"]), r
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_a_bf16_model_holds_every_parameter_in_bf16(tmp_path, model_type):
+    """torch creates its norms (the local spec's RMSNorms, Qwen3's q/k norms) in float32;
+    one float32 parameter in a bf16 model falls outside Megatron's mixed-precision optimizer's
+    bf16 groups and its checkpoint pairs Adam states with the wrong parameters (seen on the
+    first GPU run: "Optimizer shape (896,) does not match model shape (1152,)")."""
+    hf = make_tiny_qwen(tmp_path / model_type, model_type=model_type)
+    (dtypes,) = spawn(parameter_dtypes, 1, str(hf), "bf16")
+    assert any("q_layernorm" in n for n in dtypes) and any("layernorm" in n for n in dtypes)
+    assert {n: d for n, d in dtypes.items() if d != "torch.bfloat16"} == {}

@@ -510,3 +510,14 @@ def methods_one_update(root: str, methods: list[str]) -> dict:
         fleet.close()
         ray.shutdown()
     return out
+
+
+def parameter_dtypes(hf_dir: str, precision: str) -> dict:
+    """The dtypes of a freshly built model's parameters, by name."""
+    from megatron_seed.models import qwen
+    from megatron_seed.models.parallel import init_parallel
+
+    init_parallel(1, 1)
+    spec = qwen.QwenSpec.from_pretrained(hf_dir)
+    model = qwen.build_gpt_model(spec, precision=precision, use_te=False)
+    return {name: str(p.dtype) for name, p in model.named_parameters()}
