@@ -18,14 +18,16 @@ the optimizer's gradient clipping, dist-checkpointing) run in float32 on the CPU
    each recomputed block: on the CPU there is none (the CPU RNG state, which it also saves,
    is the one that matters), so getting it returns an empty placeholder and setting it is a
    no-op.
-7. Mixture-of-experts layers (`_moe_cpu_mode`): the router's GEMM names Transformer Engine's
-   `te_general_gemm`, which megatron-core leaves undefined without TE (a NameError; None
-   selects its torch path); the all-to-all dispatcher makes a `torch.cuda.Stream` for its
+7. Mixture-of-experts layers (`_moe_cpu_mode`): the all-to-all dispatcher makes a `torch.cuda.Stream` for its
    device-to-host copies (a `_NoStream` here, whose recorded event synchronises at once) and
    converts the split sizes to numpy only when they are on a GPU, while gloo's
    `all_to_all_single` takes them only as integers (so they are converted on the CPU too).
 
-With CUDA present `enable_cpu_mode()` does nothing. Version differences between the
+With CUDA present `enable_cpu_mode()` does nothing. One patch applies on every device,
+GPUs without Transformer Engine too (`megatron_without_te`, called by `init_parallel`): the
+MoE router's GEMM names TE's `te_general_gemm`, which megatron-core leaves undefined when TE
+does not import (a NameError at the first routed token, seen on a GPU; None selects its
+torch path). Version differences between the
 megatron-core that Python 3.11 resolves to (0.16.x) and the newest (Python 3.12) are the
 small functions at the bottom of this module.
 """
@@ -118,8 +120,6 @@ def _moe_cpu_mode() -> None:
     import megatron.core.transformer.moe.moe_utils as moe_utils
     import megatron.core.transformer.moe.token_dispatcher as dispatcher
 
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
     to_cpu = moe_utils.maybe_move_tensor_to_cpu
 
     def split_sizes_to_numpy(
@@ -131,6 +131,15 @@ def _moe_cpu_mode() -> None:
         return moved
 
     dispatcher.maybe_move_tensor_to_cpu = split_sizes_to_numpy
+
+
+def megatron_without_te() -> None:
+    """Define the Transformer Engine names megatron-core's MoE router reads but leaves
+    undefined when TE does not import (this module's docstring); idempotent."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def _clip_grads_cpu(

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from megatron_seed.models.compat import enable_cpu_mode, model_parallel_seed
+from megatron_seed.models.compat import enable_cpu_mode, megatron_without_te, model_parallel_seed
 
 
 class DeviceError(RuntimeError):
@@ -69,6 +69,7 @@ def init_parallel(
     from megatron.core import parallel_state as ps
 
     on_gpu = resolve_device(device) == "cuda"
+    megatron_without_te()
     if on_gpu:
         # one hardware queue per device, before the CUDA context exists: Megatron's TP
         # communication overlap needs kernels to start in issue order

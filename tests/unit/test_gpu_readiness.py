@@ -536,3 +536,27 @@ def test_delayed_fp8_scores_each_models_first_batch_twice(monkeypatch):
         trainer.score(batch)
         trainer.score(batch, reference)
         assert passes == want, recipe
+
+
+def test_the_moe_router_runs_without_te_on_any_device():
+    """megatron-core's router GEMM reads `te_general_gemm`, undefined without Transformer
+    Engine: the first GPU run without TE died at its first routed token with a NameError.
+    `init_parallel` defines it whatever the device (here with the CPU patches switched off,
+    as on a GPU); the router's gating then takes the torch path."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+import megatron.core.transformer.moe.moe_utils as m
+assert not hasattr(m, "te_general_gemm")
+import megatron_seed.models.parallel as parallel
+parallel.enable_cpu_mode = lambda: False  # as on a GPU: no CPU patches
+parallel.init_parallel(1, 1)
+x, w = torch.randn(5, 8), torch.randn(3, 8)
+logits = m.router_gating_linear(x, w, None, torch.float32)
+assert torch.allclose(logits, x @ w.t(), atol=1e-6), logits
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-1500:]
