@@ -31,6 +31,13 @@ from megatron_seed.models.checkpoint import load_model, save_model
 from megatron_seed.models.convert import save_hf_checkpoint
 from megatron_seed.train.trainer import SeedTrainer, TrainerState
 
+# How the distributed optimizer writes its state: per parameter, in the model's layout
+# (loadable into another TP/PP/DP layout, gathered on each DP group's first rank while
+# saving). megatron-core 0.16's default, "fully_sharded_model_space", makes flattened
+# ShardedTensors that its own checkpointing then refuses ("flattened_range is not
+# supported": the first GPU run's recipe mode). Other optimizers ignore it.
+OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable"}
+
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
@@ -76,7 +83,8 @@ def save_checkpoint(
     trainer.sync_params()
     save_model(trainer.model.module, tmp, hf_config=hf_config, tokenizer_from=tokenizer_dir)
     model_sd = trainer.model.module.sharded_state_dict(prefix="")
-    dist_checkpointing.save(trainer.optimizer.sharded_state_dict(model_sd), str(tmp / "optimizer"))
+    sharded = trainer.optimizer.sharded_state_dict(model_sd, metadata=OPTIMIZER_FORMAT)
+    dist_checkpointing.save(sharded, str(tmp / "optimizer"))
     torch.save(rng_states(), tmp / "rng" / f"rank_{_rank():05d}.pt")
     _barrier()
     if _rank() == 0:
@@ -149,7 +157,9 @@ def load_checkpoint(trainer: SeedTrainer, path: str | Path, load_optimizer: bool
     load_model(trainer.model.module, path)
     if load_optimizer:
         model_sd = trainer.model.module.sharded_state_dict(prefix="")
-        sharded = trainer.optimizer.sharded_state_dict(model_sd, is_loading=True)
+        sharded = trainer.optimizer.sharded_state_dict(
+            model_sd, is_loading=True, metadata=OPTIMIZER_FORMAT
+        )
         loaded = dist_checkpointing.load(sharded, str(path / "optimizer"))
         trainer.optimizer.load_state_dict(loaded)
         # Loading re-initialises Adam's state without its step count: put it back.

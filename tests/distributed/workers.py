@@ -64,6 +64,14 @@ def run_with_checkpoints(hf_dir, tok_dir, tp, pp, cfg, steps, save_at, root, res
     trainer, _, pb = _setup(
         hf_dir, tok_dir, tp, pp, cfg, groups=2, group_size=2, turns=3, valid_skill_every=2
     )
+    formats = []  # the optimizer state format every save and load asks for
+    sharded_state_dict = trainer.optimizer.sharded_state_dict
+
+    def recording(*args, **kwargs):
+        formats.append(kwargs.get("metadata"))
+        return sharded_state_dict(*args, **kwargs)
+
+    trainer.optimizer.sharded_state_dict = recording
     if resume:
         load_checkpoint(trainer, latest_checkpoint(root))
     start_logprobs = trainer.score(pb.student)
@@ -77,6 +85,7 @@ def run_with_checkpoints(hf_dir, tok_dir, tp, pp, cfg, steps, save_at, root, res
             losses["logprobs_at_save"] = trainer.score(pb.student)
     losses["start_logprobs"] = start_logprobs
     losses["mask"] = pb.student.loss_mask
+    losses["formats"] = formats
     return losses
 
 

@@ -3,6 +3,7 @@ no TransformerConfig field is dropped silently, and checkpoints carry the CUDA R
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -560,3 +561,21 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-1500:]
+
+
+def test_the_distributed_optimizer_saves_in_a_format_megatron_core_accepts():
+    """megatron-core 0.16's distributed optimizer defaults to "fully_sharded_model_space",
+    whose flattened ShardedTensors its own checkpointing refuses (the first GPU run's recipe
+    mode died saving); the trainer's checkpoints ask for "fully_reshardable", which also
+    loads into another layout."""
+    from megatron.core.dist_checkpointing.core import CheckpointingException
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    from megatron_seed.train.checkpoint import OPTIMIZER_FORMAT
+
+    whole = ShardedTensor.from_rank_offsets("w", torch.zeros(2, 3))
+    with pytest.raises(CheckpointingException, match="flattened_range is not supported"):
+        dataclasses.replace(whole, flattened_range=slice(0, 6))  # as that format builds it
+    chosen = OPTIMIZER_FORMAT["distrib_optim_sharding_type"]
+    assert chosen in DistributedOptimizer.checkpoint_fully_reshardable_formats
