@@ -72,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slurm.add_argument("--partition", help="Slurm partition (sbatch --partition)")
     slurm.add_argument("--time", default="04:00:00", help="Slurm time limit (HH:MM:SS)")
     slurm.add_argument("--container-image", help="pyxis/enroot image; omit for bare metal")
+    slurm.add_argument(
+        "--container-bundle",
+        help="the image as an OCI bundle (tools/local_image.sh bundle): Slurm's srun --container",
+    )
     slurm.add_argument("--mount", action="append", default=[], help="SRC:DST container mount")
     slurm.add_argument(
         "--env-setup", help="bare metal: shell line run first, e.g. 'source VENV/bin/activate'"
@@ -138,8 +142,13 @@ def memory_summary(plan: LaunchPlan) -> str:
 def _plan(args: argparse.Namespace) -> LaunchPlan:
     if args.executor == "local" and args.nodes != 1:
         raise CommandError(f"--executor local runs on one node, got --nodes {args.nodes}")
-    if args.executor == "local" and (args.container_image or args.mount or args.ssh):
-        raise CommandError("--container-image, --mount and --ssh apply to --executor slurm only")
+    containers = args.container_image or args.container_bundle
+    if args.executor == "local" and (containers or args.mount or args.ssh):
+        raise CommandError(
+            "--container-image, --container-bundle, --mount and --ssh apply to --executor slurm only"
+        )
+    if args.container_image and args.container_bundle:
+        raise CommandError("--container-image (pyxis) and --container-bundle (OCI): choose one")
     try:
         return make_plan(
             args.recipe,
@@ -192,6 +201,7 @@ def _slurm(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -
         "partition": args.partition,
         "time": args.time if args.time != "04:00:00" else None,
         "container_image": args.container_image,
+        "container_bundle": args.container_bundle,
         "container_mounts": tuple(args.mount) or None,
         "env_setup": args.env_setup,
         "ssh": args.ssh,

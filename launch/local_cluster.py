@@ -92,7 +92,8 @@ def install(runner: str = "apt-get") -> None:
 
 
 def write_config(cluster: LocalCluster) -> None:
-    """slurm.conf, gres.conf, the placeholder GPU files and the munge key under `root`."""
+    """slurm.conf, gres.conf, oci.conf, the placeholder GPU files and the munge key under
+    `root`."""
     root = cluster.root
     for sub in ("state", "spool", "log", "pids", "munge"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -150,6 +151,11 @@ def write_config(cluster: LocalCluster) -> None:
     (root / "cluster.json").write_text(json.dumps(shape) + "\n")
     files = f"{root}/fakegpu[0-{cluster.gpus - 1}]" if cluster.gpus > 1 else f"{root}/fakegpu0"
     (root / "gres.conf").write_text(f"NodeName={nodes} Name=gpu File={files}\n")
+    # Slurm's OCI containers (`srun --container`, `seed launch --container-bundle`) through
+    # runc; every node reads it beside slurm.conf (here all nodes share this folder)
+    from launch.oci import oci_conf
+
+    (root / "oci.conf").write_text(oci_conf(state_dir=f"{root}/oci-state"))
 
 
 def up(cluster: LocalCluster, timeout_s: float = 60.0) -> None:

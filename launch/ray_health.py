@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray  # only inside the job
 
+    from megatron_seed import provenance
+
+    provenance.record("ray-health")  # a containerised job: where this step ran
+
     start = time.monotonic()
     deadline = start + args.timeout
     while True:  # the head may not accept connections yet

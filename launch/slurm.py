@@ -52,7 +52,8 @@ class SlurmOptions:
     partition: str | None = None
     time: str = "04:00:00"
     container_image: str | None = None  # pyxis/enroot image; None: bare metal
-    container_mounts: tuple[str, ...] = ()
+    container_mounts: tuple[str, ...] = ()  # SRC:DST (SRC alone: the same path inside)
+    container_bundle: str | None = None  # the image as an OCI bundle (Slurm's `--container`)
     env_setup: str | None = None  # bare metal: e.g. "source /shared/seed/.venv/bin/activate"
     ssh: str | None = None  # user@host of a login node; None: sbatch on this machine
     package_code: bool = False  # ship this git checkout (HEAD) instead of the installed package
@@ -69,7 +70,9 @@ class SlurmOptions:
 
 def job_env(opts: SlurmOptions) -> dict[str, str]:
     """The environment every step of the job gets (the sbatch script exports it): NCCL's
-    network and failure settings, the weight-group port, then `extra_env` (paths)."""
+    network and failure settings, the weight-group port, in a container the folder where
+    every process records where it ran (`megatron_seed.provenance`), then `extra_env`
+    (paths)."""
     env = {
         # a failed or timed-out collective aborts its communicator and the rank exits,
         # instead of every rank waiting forever
@@ -83,6 +86,8 @@ def job_env(opts: SlurmOptions) -> dict[str, str]:
             env["GLOO_SOCKET_IFNAME"] = opts.nccl_socket_ifname.lstrip("=").split(",")[0]
     if opts.nccl_ib_hca:
         env["NCCL_IB_HCA"] = opts.nccl_ib_hca
+    if opts.container_image or opts.container_bundle:
+        env["SEED_PROVENANCE_DIR"] = f"{_job_dir(opts)}/provenance"
     return {**env, **opts.extra_env}
 
 
@@ -104,13 +109,50 @@ def read_profile(path: str) -> dict[str, Any]:
 
 
 def container_flags(opts: SlurmOptions) -> list[str]:
-    """pyxis flags of the Ray steps (the torchrun step gets NeMo-Run's own)."""
+    """Container flags of the Ray steps: pyxis's (the torchrun step gets NeMo-Run's own), or
+    Slurm's OCI `--container` with the job's bundle (the torchrun step too)."""
+    if opts.container_image and opts.container_bundle:
+        raise ValueError("--container-image (pyxis) and --container-bundle (OCI): choose one")
+    if opts.container_bundle:
+        return [f"--container={job_bundle_dir(opts)}"]
     if opts.container_image is None:
         return []
     flags = ["--container-image", opts.container_image]
     if opts.container_mounts:
         flags += ["--container-mounts", ",".join(opts.container_mounts)]
     return flags
+
+
+def bundle_mounts(opts: SlurmOptions) -> list[tuple[str, str]]:
+    """(host, container) folders of a job in an OCI container: the job folder, the model,
+    games and output folders (at their own paths) and `container_mounts`."""
+    own = [_job_dir(opts)]
+    own += [opts.extra_env[k] for k in ("SEED_MODEL_DIR", "SEED_GAMES_DIR", "SEED_OUT_DIR")
+            if k in opts.extra_env]  # fmt: skip
+    pairs = [(p, p) for p in own]
+    for mount in opts.container_mounts:
+        src, _, dst = mount.partition(":")
+        pairs.append((src, dst or src))
+    return sorted(set(pairs))
+
+
+def job_bundle_dir(opts: SlurmOptions) -> str:
+    """Where the job's OCI bundle (`launch.oci`) goes: in the job folder, named by what it
+    holds, so jobs with other folders or images do not share one."""
+    key = repr((opts.container_bundle, bundle_mounts(opts), os.getuid()))
+    return f"{_job_dir(opts)}/oci/bundle-{zlib.crc32(key.encode()):08x}"
+
+
+def write_bundle(opts: SlurmOptions) -> str | None:
+    """Write the job's OCI bundle (submit time; the output folder is made for its mount)."""
+    if not opts.container_bundle:
+        return None
+    from launch.oci import write_job_bundle
+
+    if "SEED_OUT_DIR" in opts.extra_env:
+        Path(opts.extra_env["SEED_OUT_DIR"]).mkdir(parents=True, exist_ok=True)
+    Path(_job_dir(opts)).mkdir(parents=True, exist_ok=True)
+    return str(write_job_bundle(opts.container_bundle, job_bundle_dir(opts), bundle_mounts(opts)))
 
 
 def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
@@ -201,7 +243,8 @@ def make_executor(plan: LaunchPlan, opts: SlurmOptions) -> Any:
         gpus_per_node=lay.gpus_per_node or None,  # GRES; a CPU job's are placement slots
         exclusive=True,
         container_image=opts.container_image,
-        container_mounts=list(opts.container_mounts),
+        container_mounts=list(opts.container_mounts) if opts.container_image else [],
+        srun_args=container_flags(opts) if opts.container_bundle else None,
         env_vars=env,
         setup_lines=ray_setup_lines(plan, opts),
         tunnel=tunnel,
@@ -252,6 +295,7 @@ def submit(plan: LaunchPlan, opts: SlurmOptions, job: JobCommand | None = None) 
         base_dir=None if opts.ssh else _job_dir(opts),
         enable_goodbye_message=False,
     )
+    write_bundle(opts)
     with exp, _stdin_from_devnull():
         exp.add((job or plan.job()).to_nemo_script(), name=JOB_NAME)
         exp.run(detach=True)

@@ -355,7 +355,11 @@ def test_ray_health_waits_then_succeeds_or_times_out() -> None:
 
 
 def _render(
-    nodes: int, container: bool, recipe: str = "qwen2.5-7b", job_dir: str = "/lustre/seed"
+    nodes: int,
+    container: bool,
+    recipe: str = "qwen2.5-7b",
+    job_dir: str = "/lustre/seed",
+    bundle: str | None = None,
 ) -> str:
     from launch.slurm import SlurmOptions, render
 
@@ -363,11 +367,50 @@ def _render(
         job_dir=job_dir,
         account="acct",
         partition="batch",
-        container_image=IMAGE if container else None,
+        container_image=IMAGE if container and not bundle else None,
+        container_bundle=bundle,
         container_mounts=("/lustre:/lustre",) if container else (),
         env_setup=None if container else "source /lustre/venv/bin/activate",
+        extra_env={"SEED_MODEL_DIR": "/lustre/qwen", "SEED_OUT_DIR": "/lustre/run1"},
     )
     return render(make_plan(recipe, nodes), opts)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_an_oci_bundle_runs_every_step_in_the_jobs_container(nodes: int) -> None:
+    """--container-bundle: Slurm's own `--container` with the job's bundle on every srun
+    step (Ray head, health waits, workers, torchrun), no pyxis flags, and the folder where
+    every process records where it ran."""
+    from launch.slurm import SlurmOptions, job_bundle_dir
+
+    script = _render(nodes, True, bundle="/lustre/images/seed-bundle")
+    lines = _lines(script)
+    sruns = [ln for ln in lines if ln.startswith("srun ") and "hostname" not in ln]
+    assert len(sruns) == (3 if nodes == 1 else 5)
+    opts = SlurmOptions(
+        job_dir="/lustre/seed", container_bundle="/lustre/images/seed-bundle",
+        container_mounts=("/lustre:/lustre",),
+        extra_env={"SEED_MODEL_DIR": "/lustre/qwen", "SEED_OUT_DIR": "/lustre/run1"},
+    )  # fmt: skip
+    bundle = job_bundle_dir(opts)
+    assert bundle.startswith("/lustre/seed/oci/bundle-")
+    for ln in sruns:
+        assert f"--container={bundle}" in ln, ln
+    assert "--container-image" not in script and "--container-mounts" not in script
+    exported = dict(re.findall(r"^export (\w+)=(.*)$", script, re.M))
+    assert exported["SEED_PROVENANCE_DIR"].strip("'\"") == "/lustre/seed/provenance"
+    # another output folder is another bundle (its mounts differ)
+    other = SlurmOptions(**{**opts.__dict__, "extra_env": {"SEED_OUT_DIR": "/lustre/run2"}})
+    assert job_bundle_dir(other) != bundle
+
+
+def test_both_container_kinds_at_once_is_one_line(capsys) -> None:
+    argv = ["launch", "qwen2.5-7b", "--executor", "slurm", "--nodes", "2", "--dryrun",
+            "--model", "/m", "--games", "/g", "--out", "/o",
+            "--container-image", IMAGE, "--container-bundle", "/b"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("--container-image (pyxis) and --container-bundle (OCI): choose one")
 
 
 def _lines(script: str) -> list[str]:

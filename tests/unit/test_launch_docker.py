@@ -36,10 +36,11 @@ def test_dockerfile_installs_only_through_the_shared_install_script() -> None:
     steps = _instructions()
     runs = [args for word, args in steps if word == "RUN"]
     installs = [r for r in runs if "install.sh" in r]
-    assert installs == ["bash tools/install.sh gpu"]
+    assert installs == ['bash tools/install.sh "${STACK}" dev']  # both stacks, one script
+    assert ("ARG", "STACK=gpu") in steps  # the GPU image unless the build asks for the CPU one
     assert not any(re.search(r"pip3? install|uv pip|conda install", r) for r in runs)
     # Every file the install reads is in the image before the install runs...
-    at = steps.index(("RUN", "bash tools/install.sh gpu"))
+    at = steps.index(("RUN", installs[0]))
     copied = " ".join(args for word, args in steps[:at] if word == "COPY")
     for name in (
         "requirements.txt",
@@ -52,6 +53,9 @@ def test_dockerfile_installs_only_through_the_shared_install_script() -> None:
     # ...but not the whole source (that layer comes after, so edits keep the cache).
     assert "COPY . ." not in [f"COPY {a}" for w, a in steps[:at] if w == "COPY"]
     assert ("COPY", ". .") in steps[at:]
+    # the last build step checks the whole stack and writes the marker job steps record
+    source = steps.index(("COPY", ". ."))
+    assert ("RUN", 'bash tools/image.sh check "${STACK}"') in steps[source:]
 
 
 def test_dockerfile_base_and_user() -> None:
