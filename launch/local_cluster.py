@@ -212,7 +212,8 @@ def cancel_jobs(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
 
 
 def kill_node(cluster: LocalCluster, node: str) -> list[int]:
-    """SIGKILL a node's slurmd, its steps and its jobs' processes (a lost machine); the pids."""
+    """SIGKILL a node's slurmd, its steps and its jobs' processes, those in containers too
+    (a lost machine); the pids."""
     if node not in cluster.node_names:
         raise ClusterError(f"no node {node!r} in this cluster ({', '.join(cluster.node_names)})")
     pids, mark = [], f"{cluster.root}:{node}"
@@ -220,16 +221,27 @@ def kill_node(cluster: LocalCluster, node: str) -> list[int]:
     if pid is not None:
         pids.append(pid)
     for proc, environ in _processes():
+        ours = "SLURM_JOB_ID" in environ and environ.get("SLURM_CONF") == str(cluster.conf)
         if environ.get(NODE_MARK) == mark or (
-            environ.get("SLURMD_NODENAME") == node
-            and "SLURM_JOB_ID" in environ
-            and environ.get("SLURM_CONF") == str(cluster.conf)
+            ours and (environ.get("SLURMD_NODENAME") or _container_node(proc, environ)) == node
         ):
             pids.append(proc)
     for p in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
     return sorted(set(pids))
+
+
+def _container_node(pid: int, environ: dict[str, str]) -> str | None:
+    """The node of a process in one of Slurm's OCI containers (no SLURMD_NODENAME there:
+    `megatron_seed.hosts.container_node`)."""
+    from megatron_seed.hosts import container_node
+
+    try:
+        cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    return container_node(cgroup, environ.get("SLURM_JOB_ID"))
 
 
 def job_processes(job_id: str) -> list[int]:

@@ -114,7 +114,7 @@ def container_flags(opts: SlurmOptions) -> list[str]:
     if opts.container_image and opts.container_bundle:
         raise ValueError("--container-image (pyxis) and --container-bundle (OCI): choose one")
     if opts.container_bundle:
-        return [f"--container={job_bundle_dir(opts)}"]
+        return [f"--container={opts.container_bundle}"]
     if opts.container_image is None:
         return []
     flags = ["--container-image", opts.container_image]
@@ -123,36 +123,30 @@ def container_flags(opts: SlurmOptions) -> list[str]:
     return flags
 
 
-def bundle_mounts(opts: SlurmOptions) -> list[tuple[str, str]]:
-    """(host, container) folders of a job in an OCI container: the job folder, the model,
-    games and output folders (at their own paths) and `container_mounts`."""
-    own = [_job_dir(opts)]
-    own += [opts.extra_env[k] for k in ("SEED_MODEL_DIR", "SEED_GAMES_DIR", "SEED_OUT_DIR")
-            if k in opts.extra_env]  # fmt: skip
-    pairs = [(p, p) for p in own]
-    for mount in opts.container_mounts:
-        src, _, dst = mount.partition(":")
-        pairs.append((src, dst or src))
-    return sorted(set(pairs))
+def job_folders(opts: SlurmOptions) -> list[str]:
+    """The folders a job's steps read and write: the job folder and the model, games and
+    output folders."""
+    keys = ("SEED_MODEL_DIR", "SEED_GAMES_DIR", "SEED_OUT_DIR")
+    return [_job_dir(opts)] + [opts.extra_env[k] for k in keys if k in opts.extra_env]
 
 
-def job_bundle_dir(opts: SlurmOptions) -> str:
-    """Where the job's OCI bundle (`launch.oci`) goes: in the job folder, named by what it
-    holds, so jobs with other folders or images do not share one."""
-    key = repr((opts.container_bundle, bundle_mounts(opts), os.getuid()))
-    return f"{_job_dir(opts)}/oci/bundle-{zlib.crc32(key.encode()):08x}"
+def bundle_setup(opts: SlurmOptions) -> list[str]:
+    """Setup lines of a job in Slurm's OCI containers: the steps inherit the batch script's
+    environment, PATH included, so the image's PATH goes first (the image's, from its
+    bundle where this machine can read it; the Dockerfile's venv otherwise)."""
+    from launch.oci import image_env
+
+    path = image_env(Path(opts.container_bundle or "")).get("PATH", "/opt/venv/bin")
+    return [f'export PATH="{path}:$PATH"  # the image\'s programs inside the containers']
 
 
-def write_bundle(opts: SlurmOptions) -> str | None:
-    """Write the job's OCI bundle (submit time; the output folder is made for its mount)."""
-    if not opts.container_bundle:
-        return None
-    from launch.oci import write_job_bundle
+def check_bundle(opts: SlurmOptions) -> None:
+    """Refuse, in one line, a bundle that is not the image or whose containers would not
+    see the job's folders (`launch.oci.check_visible`)."""
+    from launch.oci import check_bundle as check
+    from launch.oci import check_visible
 
-    if "SEED_OUT_DIR" in opts.extra_env:
-        Path(opts.extra_env["SEED_OUT_DIR"]).mkdir(parents=True, exist_ok=True)
-    Path(_job_dir(opts)).mkdir(parents=True, exist_ok=True)
-    return str(write_job_bundle(opts.container_bundle, job_bundle_dir(opts), bundle_mounts(opts)))
+    check_visible(check(opts.container_bundle or ""), job_folders(opts))
 
 
 def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
@@ -165,11 +159,15 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
     # (all the job's tasks) and start one head or health check per task
     step = f"srun --overlap --ntasks-per-node=1 {cflags}".rstrip()
     ray_env, gpus = "", f" --num-gpus={lay.fleet_gpus_per_node}"  # a CPU job: logical GPUs
+    if opts.container_bundle:
+        # Slurm's OCI containers get no SLURMD_NODENAME: the raylet (and so its workers)
+        # takes the node's name from its container (`megatron_seed.hosts`)
+        ray_env = "python -m megatron_seed.hosts "
     ray_step = step
     if lay.on_gpu:
         first = lay.fleet_first_gpu
         devices = ",".join(str(i) for i in range(first, first + lay.fleet_gpus_per_node))
-        ray_env = f"env CUDA_VISIBLE_DEVICES={devices} "
+        ray_env = f"env CUDA_VISIBLE_DEVICES={devices} {ray_env}"
         # the Ray steps ask for the node's GPUs outright (shared with the trainer's step by
         # --overlap): a step's cgroup opens only its own GRES under ConstrainDevices, and
         # whether a step inherits the job's GPUs by default differs between Slurm releases
@@ -182,6 +180,7 @@ def ray_setup_lines(plan: LaunchPlan, opts: SlurmOptions) -> str:
         "",
         "# ---- megatron-seed: Ray cluster for the fleet and env workers ----",
         *([opts.env_setup] if opts.env_setup else []),
+        *(bundle_setup(opts) if opts.container_bundle else []),
         f"mkdir -p {log_dir}",
         "# the head's first address (hostname --ip-address may print several); torchrun's too",
         'head_node_ip="${head_node_ip%% *}"',
@@ -295,7 +294,8 @@ def submit(plan: LaunchPlan, opts: SlurmOptions, job: JobCommand | None = None) 
         base_dir=None if opts.ssh else _job_dir(opts),
         enable_goodbye_message=False,
     )
-    write_bundle(opts)
+    if opts.container_bundle:
+        check_bundle(opts)
     with exp, _stdin_from_devnull():
         exp.add((job or plan.job()).to_nemo_script(), name=JOB_NAME)
         exp.run(detach=True)

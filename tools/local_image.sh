@@ -6,7 +6,9 @@
 #                                        # imported into podman as localhost/debian-base:bookworm
 #   bash tools/local_image.sh image      # podman build --build-arg STACK=cpu: localhost/megatron-seed:cpu
 #   bash tools/local_image.sh bundle     # the image as an OCI bundle (rootfs/ + config.json)
-#                                        # for Slurm's `srun --container` (seed launch --container-bundle)
+#                                        # for Slurm's `srun --container` (seed launch --container-bundle);
+#                                        # SEED_BUNDLE_MOUNTS=DIR[:DIR...]: host folders jobs see
+#                                        # besides /tmp and /dev/shm (launch.oci)
 #
 # Each step reuses what it already built: the base image if podman has it, the build's
 # cached layers, the bundle if it holds the current image. Root with podman, buildah, runc
@@ -94,17 +96,26 @@ make_bundle() {
   ctr="$(podman create "$image")"
   podman export "$ctr" | tar -C "$bundle.tmp/rootfs" -x
   podman rm "$ctr" > /dev/null
-  (cd "$bundle.tmp" && runc spec)  # config.json; the launcher writes each job's own from it
+  (cd "$bundle.tmp" && runc spec)  # runc's default config.json, rewritten below
   podman image inspect "$image" --format '{{json .Config}}' > "$bundle.tmp/image-config.json"
   echo "$id" > "$bundle.tmp/image-id"
   rm -rf "$bundle" && mv "$bundle.tmp" "$bundle"
   say "bundle: $bundle ($(du -sh "$bundle" | cut -f1))"
 }
 
+configure_bundle() {
+  # jobs' settings (launch.oci): the host's namespaces but mounts, /tmp and /dev/shm, and
+  # the folders of SEED_BUNDLE_MOUNTS (colon-separated: the shared filesystem of the jobs)
+  local mounts=()
+  IFS=: read -r -a dirs <<< "${SEED_BUNDLE_MOUNTS:-}"
+  for dir in "${dirs[@]}"; do [[ -n "$dir" ]] && mounts+=(--mount "$dir"); done
+  (cd "$here" && python3 -m launch.oci configure "$bundle" "${mounts[@]}")
+}
+
 case "$what" in
   base) make_base ;;
   image) make_base && make_image ;;
-  bundle) make_bundle ;;
-  all) make_base && make_image && make_bundle ;;
+  bundle) make_bundle && configure_bundle ;;
+  all) make_base && make_image && make_bundle && configure_bundle ;;
   *) echo "usage: bash tools/local_image.sh [all|base|image|bundle]" >&2; exit 2 ;;
 esac

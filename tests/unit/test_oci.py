@@ -43,21 +43,19 @@ RUNC_DEFAULT = {  # the parts of runc 1.1's `runc spec` that the job's config ch
 }  # fmt: skip
 
 
-def test_the_jobs_bundle_shares_the_hosts_namespaces_and_mounts_its_folders(tmp_path):
+def test_the_bundle_shares_the_hosts_namespaces_and_mounts_the_shared_folders(tmp_path):
     image = _image_bundle(tmp_path)
-    job, model = tmp_path / "jobs", tmp_path / "model"
-    job.mkdir(), model.mkdir()
-    out = oci.write_job_bundle(image, job / "oci" / "b1", [(str(job), str(job)),
-                                                          (str(model), "/model")], uid=1234)  # fmt: skip
-    config = json.loads((out / "config.json").read_text())
-    # one unpacked image for every step: its rootfs by absolute path, read-only
-    assert config["root"] == {"path": str(image / "rootfs"), "readonly": True}
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    oci.configure(image, [str(shared)], uid=1234)
+    config = json.loads((image / "config.json").read_text())
+    # one unpacked image for every step, read-only; Slurm points the root at BUNDLE/rootfs
+    assert config["root"] == {"path": "rootfs", "readonly": True}
     # only a mount namespace: the host's network, hostname, pids and IPC (CUDA IPC, Ray)
-    assert config["linux"]["namespaces"] == [{"type": "mount"}]
+    assert config["linux"]["namespaces"] == [{"type": "mount"}] and "hostname" not in config
     mounts = {m["destination"]: m for m in config["mounts"]}
-    for host_dir in ("/tmp", "/dev/shm"):  # Ray's session sockets and object store
+    for host_dir in ("/tmp", "/dev/shm", str(shared)):  # Ray's sockets, its object store
         assert mounts[host_dir]["source"] == host_dir and mounts[host_dir]["type"] == "bind"
-    assert mounts[str(job)]["source"] == str(job) and mounts["/model"]["source"] == str(model)
     for private in ("/root", "/home", "/var/tmp"):
         assert mounts[private]["type"] == "tmpfs"
     assert "/proc" in mounts  # runc's own mounts stay
@@ -66,6 +64,21 @@ def test_the_jobs_bundle_shares_the_hosts_namespaces_and_mounts_its_folders(tmp_
     assert process["user"] == {"uid": 1234, "gid": 1234} and process["terminal"] is False
     assert process["rlimits"] == [{"type": "RLIMIT_NOFILE", "hard": 20000, "soft": 20000}]
     assert "PATH=/opt/venv/bin:/usr/bin" in process["env"]
+    # configuring again starts from runc's default, not from the last result
+    oci.configure(image, [], uid=1234)
+    again = {m["destination"] for m in json.loads((image / "config.json").read_text())["mounts"]}
+    assert str(shared) not in again and "/tmp" in again
+
+
+def test_a_job_whose_folders_the_containers_cannot_see_is_refused(tmp_path):
+    image = _image_bundle(tmp_path)
+    shared = tmp_path / "shared"
+    (shared / "model").mkdir(parents=True)
+    oci.configure(image, [str(shared)])
+    oci.check_visible(image, [str(shared / "model"), "/tmp/seed-jobs"])  # under its mounts
+    with pytest.raises(oci.BundleError, match="would not see") as err:
+        oci.check_visible(image, [str(shared / "model"), "/srv/games"])
+    assert "/srv/games" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_bundle_that_cannot_run_is_refused_in_one_line(tmp_path):
@@ -76,7 +89,7 @@ def test_a_bundle_that_cannot_run_is_refused_in_one_line(tmp_path):
         oci.check_bundle(tmp_path)
     image = _image_bundle(tmp_path / "ok")
     with pytest.raises(oci.BundleError, match="do not exist on this machine"):
-        oci.write_job_bundle(image, tmp_path / "job", [("/no/such/folder", "/data")])
+        oci.configure(image, ["/no/such/folder"])
 
 
 def test_the_rehearsal_cluster_writes_oci_conf_beside_slurm_conf(tmp_path):
@@ -102,3 +115,19 @@ def test_provenance_is_recorded_only_when_asked(tmp_path, monkeypatch):
     assert (data["root"]["device"], data["root"]["inode"]) == (root.st_dev, root.st_ino)
     assert data["namespaces"]["ipc"] == os.readlink("/proc/self/ns/ipc")
     assert data["root"]["mount"]  # 'SOURCE FSTYPE' of /
+
+
+def test_inside_a_slurm_container_the_node_comes_from_its_name(monkeypatch):
+    """Slurm 22.05 gives an OCI container no SLURMD_NODENAME; runc names its cgroup after
+    the container, which oci.conf names NODE.USER.JOB.STEP.TASK."""
+    from megatron_seed.hosts import container_node
+
+    cgroup = "9:name=systemd:/n2.root.8.0.1\n8:pids:/n2.root.8.0.1\n"
+    monkeypatch.setenv("SLURM_JOB_ID", "8")
+    assert container_node(cgroup) == "n2"
+    assert container_node("0::/gpu-node.cluster.org.alice.8.3.0\n") == "gpu-node.cluster.org"
+    assert container_node("0::/user.slice/session-3.scope\n") is None  # not a container
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    assert container_node(cgroup) is None  # another job's container name
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert container_node(cgroup) is None
