@@ -11,7 +11,8 @@ rewrites its `config.json` for jobs (`bundle_config`):
 - the rootfs read-only (every step of every job shares one unpacked image), tmpfs on /root,
   /home and /var/tmp;
 - the host's /tmp (a Ray driver talks to its node's raylet through the session's sockets
-  there) and /dev/shm (Ray's object store) bound in, and the `--mount` folders: the shared
+  there), /dev/shm (Ray's object store) and, read-only, /etc/hosts and /etc/resolv.conf
+  (torchrun's rendezvous resolves the node's host name) bound in, and the `--mount` folders: the shared
   filesystem the jobs' model, games, output and job folders live on, as a site's container
   configuration mounts it for every job (`check_visible` refuses a job whose folders are
   outside them);
@@ -36,6 +37,7 @@ from typing import Any
 NAMESPACES = ("mount",)
 PRIVATE_DIRS = ("/root", "/home", "/var/tmp")  # writable per container (tmpfs)
 HOST_DIRS = ("/tmp", "/dev/shm")  # shared with the host and the node's other steps
+HOST_FILES = ("/etc/hosts", "/etc/resolv.conf")  # the host's names (read-only), as enroot
 OPEN_FILES = 20000
 MARKER = "etc/megatron-seed-image"  # in the rootfs: written by the image's build
 
@@ -82,7 +84,8 @@ def bundle_config(
         {"destination": d, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=1777"]}
         for d in PRIVATE_DIRS
     ]
-    config["mounts"] = kept + tmpfs + [_bind(p) for p in shared]
+    files = [{**_bind(f), "options": ["rbind", "ro"]} for f in HOST_FILES if Path(f).is_file()]
+    config["mounts"] = kept + tmpfs + [_bind(p) for p in shared] + files
     return config
 
 

@@ -1,6 +1,7 @@
 """Rehearse the multi-node path on this machine and measure it.
 
     python -m launch.rehearsal DIR [--skip-node-loss] [--world W --recipe NAME]
+                                   [--container-bundle BUNDLE]
 
 Brings up a two-node Slurm cluster in DIR (`launch.local_cluster`), takes a world (W/model,
 an HF checkpoint, and W/games, its tasks; default: the test bed's tiny world written to
@@ -51,10 +52,16 @@ class Finished:
 
 
 def launch_two_nodes(
-    cluster: LocalCluster, world: Path, job_dir: Path, out: Path, recipe: str = "tiny"
+    cluster: LocalCluster,
+    world: Path,
+    job_dir: Path,
+    out: Path,
+    recipe: str = "tiny",
+    bundle: Path | None = None,
 ) -> subprocess.Popen:
     """Start `seed launch RECIPE --executor slurm --nodes 2 --wait` on the cluster with the
-    world's model and games."""
+    world's model and games; `bundle`: every step in that image (`--container-bundle`),
+    else on this machine's Python."""
     bin_dir = Path(sys.executable).parent
     env = {
         **cluster.env(),
@@ -66,8 +73,11 @@ def launch_two_nodes(
     argv = [
         sys.executable, "-m", "megatron_seed.cli", "launch", recipe, "--executor", "slurm",
         "--nodes", "2", "--wait", "--job-dir", str(job_dir),
-        "--env-setup", f"export PATH={bin_dir}:$PATH",
     ]  # fmt: skip
+    if bundle is None:
+        argv += ["--env-setup", f"export PATH={bin_dir}:$PATH"]
+    else:
+        argv += ["--container-bundle", str(bundle)]
     return subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -130,10 +140,15 @@ def measure(run: Finished, out: Path) -> dict[str, object]:
 
 
 def rehearse(
-    root: Path, node_loss: bool = True, world: Path | None = None, recipe: str = "tiny"
+    root: Path,
+    node_loss: bool = True,
+    world: Path | None = None,
+    recipe: str = "tiny",
+    bundle: Path | None = None,
 ) -> dict[str, object]:
     """The whole rehearsal of ``recipe`` on ``world`` (W/model, W/games; default the test
-    bed's tiny world under ROOT/world); returns (and writes) the measurements."""
+    bed's tiny world under ROOT/world), in the image of ``bundle`` if given; returns (and
+    writes) the measurements."""
     if world is None:
         from megatron_seed.testbed.tiny_world import make_tiny_world  # the default world only
 
@@ -147,13 +162,13 @@ def rehearse(
     try:
         out = root / "out-clean"
         t = time.monotonic()
-        run = finish(launch_two_nodes(cluster, world, root / "jobs", out, recipe), 900, t)
+        run = finish(launch_two_nodes(cluster, world, root / "jobs", out, recipe, bundle), 900, t)
         result["clean"] = measure(run, out)
         print(f"clean run: exit {run.code} in {run.wall_s:.0f} s", flush=True)
         if node_loss:
             out = root / "out-node-loss"
             t = time.monotonic()
-            proc = launch_two_nodes(cluster, world, root / "jobs", out, recipe)
+            proc = launch_two_nodes(cluster, world, root / "jobs", out, recipe, bundle)
             wait_for_update(out, proc)
             lost = time.monotonic()
             kill_node(cluster, "n2")
@@ -170,7 +185,9 @@ def rehearse(
             up(cluster)
             result["node_back_s"] = round(time.monotonic() - t, 1)
             t = time.monotonic()
-            run = finish(launch_two_nodes(cluster, world, root / "jobs", out, recipe), 900, t)
+            run = finish(
+                launch_two_nodes(cluster, world, root / "jobs", out, recipe, bundle), 900, t
+            )
             result["resumed"] = {**measure(run, out), "steps": steps(out)}
             print(f"resumed run: exit {run.code} in {run.wall_s:.0f} s", flush=True)
     finally:
@@ -187,10 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-node-loss", action="store_true")
     parser.add_argument("--world", default=None, help="W/model + W/games (default: tiny)")
     parser.add_argument("--recipe", default="tiny", help="the recipe `seed launch` runs")
+    parser.add_argument(
+        "--container-bundle", default=None, help="run every step in this image (OCI bundle)"
+    )
     args = parser.parse_args(argv)
     world = Path(args.world).resolve() if args.world else None
     root = Path(args.dir).resolve()
-    result = rehearse(root, not args.skip_node_loss, world, args.recipe)
+    bundle = Path(args.container_bundle).resolve() if args.container_bundle else None
+    result = rehearse(root, not args.skip_node_loss, world, args.recipe, bundle)
     print(json.dumps(result, indent=2))
     return 0
 

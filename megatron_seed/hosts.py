@@ -8,10 +8,11 @@ from pathlib import Path
 
 
 def node_name() -> str:
-    """Slurm's name for this node (`SLURMD_NODENAME`, inherited by the job's Ray workers too),
-    else, inside one of Slurm's OCI containers, the node its container is named after, else
-    the host name. Several Slurm nodes may share one host (a rehearsal cluster)."""
-    return os.environ.get("SLURMD_NODENAME") or container_node() or socket.gethostname()
+    """Inside one of Slurm's OCI containers, the node its container is named after (there
+    `SLURMD_NODENAME`, if set at all, is the batch script's node, copied into every step);
+    else Slurm's name for this node (`SLURMD_NODENAME`, inherited by the job's Ray workers
+    too); else the host name. Several Slurm nodes may share one host (a rehearsal cluster)."""
+    return container_node() or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def container_node(cgroup: str | None = None, job: str | None = None) -> str | None:

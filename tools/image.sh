@@ -15,8 +15,9 @@ arg="${2:?usage: image.sh system|check STACK | user UID}"
 case "$step" in
   system)
     packages=(python3 python3-dev python3-venv git ca-certificates)
-    # the CPU stack builds a few sdists (its base images carry no compiler)
-    [[ "$arg" == cpu ]] && packages+=(build-essential procps)
+    # the CPU stack builds a few sdists (its base images carry no compiler); vLLM's CPU
+    # kernels link libnuma
+    [[ "$arg" == cpu ]] && packages+=(build-essential procps libnuma1)
     apt-get update
     apt-get install -y --no-install-recommends "${packages[@]}"
     rm -rf /var/lib/apt/lists/*
@@ -29,6 +30,7 @@ case "$step" in
     modules="torch, megatron.core, vllm, ray, nemo_run, alfworld, transformers, megatron_seed.cli, launch.commands"
     [[ "$arg" == gpu ]] && modules="transformer_engine.pytorch, $modules"
     python -c "import $modules"
+    python -c "import vllm._C"  # vLLM's compiled kernels and the libraries they link
     bash tools/pip_check.sh
     seed --help > /dev/null
     # what a job step reads to show that it ran inside this image

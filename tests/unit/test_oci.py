@@ -59,6 +59,8 @@ def test_the_bundle_shares_the_hosts_namespaces_and_mounts_the_shared_folders(tm
     for private in ("/root", "/home", "/var/tmp"):
         assert mounts[private]["type"] == "tmpfs"
     assert "/proc" in mounts  # runc's own mounts stay
+    if Path("/etc/hosts").is_file():  # the host's names: torchrun resolves the node's name
+        assert mounts["/etc/hosts"]["options"] == ["rbind", "ro"]
     assert sum(m["destination"] == "/dev/shm" for m in config["mounts"]) == 1
     process = config["process"]
     assert process["user"] == {"uid": 1234, "gid": 1234} and process["terminal"] is False
