@@ -59,11 +59,17 @@ def tier_of(path: Path) -> str:
 
 def pytest_collection_modifyitems(config, items):
     """Each test gets its folder's tier marker (e2e tests also `slow`); a tier marker set by
-    hand that disagrees with the folder is an error. GPU tests are skipped without CUDA."""
+    hand that disagrees with the folder is an error. GPU tests are skipped without CUDA,
+    container tests unless `-m` names them."""
     import torch
 
     skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
+    # image builds take many minutes: container tests run when `-m` names them
+    asked = "container" in (config.getoption("markexpr") or "")
+    skip_container = pytest.mark.skip(reason="builds the image: run with -m container")
     for item in items:
+        if item.get_closest_marker("container") and not asked:
+            item.add_marker(skip_container)
         tier = tier_of(Path(item.fspath))
         wrong = [m.name for m in item.iter_markers() if m.name in TIERS and m.name != tier]
         if wrong:
