@@ -112,7 +112,8 @@ def test_provenance_is_recorded_only_when_asked(tmp_path, monkeypatch):
     path = provenance.record("trainer-rank0")
     data = json.loads(path.read_text())
     assert path.name == f"trainer-rank0-{data['node']}-{os.getpid()}.json"
-    assert data["image"] is None  # this machine is not the image
+    marker = Path("/etc/megatron-seed-image")  # present inside the image only
+    assert data["image"] == (json.loads(marker.read_text()) if marker.is_file() else None)
     root = os.stat("/")
     assert (data["root"]["device"], data["root"]["inode"]) == (root.st_dev, root.st_ino)
     assert data["namespaces"]["ipc"] == os.readlink("/proc/self/ns/ipc")
