@@ -1,10 +1,11 @@
 """Where a process ran: its node, the container image (if any), its root filesystem and its
 Linux namespaces, written as one JSON file per process.
 
-A containerised launch (`seed launch --container-bundle`) sets `SEED_PROVENANCE_DIR`; then
-every trainer rank records itself when it joins the Ray cluster, and runs one task on each
-Ray node, so the Ray head's and workers' processes (the engines' and env workers' hosts)
-record theirs too. Without the variable nothing is written.
+A containerised launch (`seed launch --container-bundle` or `--container-image`) sets
+`SEED_PROVENANCE_DIR`; then every trainer rank records itself when it starts, the rank that
+joins the Ray cluster runs one task on each Ray node (so the Ray head's and workers'
+processes, the engines' and env workers' hosts, record theirs too), and so do the health
+checks. Without the variable nothing is written.
 
 - `image`: the image's marker file (/etc/megatron-seed-image, written by its build), None
   outside the image;

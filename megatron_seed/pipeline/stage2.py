@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from megatron_seed import provenance
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TokenSequence, TrajectoryRecord, check_chat_template, collate
 from megatron_seed.hosts import node_name
@@ -229,6 +230,7 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device)
     where = f"trainer rank {rank()}/{dist.get_world_size()} on node {node_name()}"
     print(where, flush=True)
+    provenance.record(f"trainer-rank{rank()}")  # a containerised job asks where it ran
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     check_chat_template(tokenizer)  # the checkpoint's chat format, before any compute
 

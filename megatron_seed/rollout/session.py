@@ -95,10 +95,9 @@ def init_ray(cfg: SeedConfig, address: str | None = None) -> None:
                 ray.init(address=None, num_gpus=gpus, **kwargs)
             return
     ray.init(address=address, **kwargs)
-    if address is not None:  # a launched job: where its processes ran, when it is asked
+    if address is not None:  # a launched job: where its Ray nodes run, when it is asked
         from megatron_seed import provenance
 
-        provenance.record(f"trainer-rank{os.environ.get('RANK', '0')}")
         provenance.record_ray_nodes()
 
 
