@@ -8,7 +8,8 @@ task sentence starts "Your task is" + " to:"; here the task line starts with ``T
 ("Your shopping task:"), so that the task line is WebShop's own (H inserts the skill after
 it). A later full-history chat turn holds the step, the page and the actions.
 
-``compact``: a one-line system prompt, the task line, the page and the actions; a windowed
+``compact``: a one-line system prompt, the task line, the page (lower case, a line per
+text: ``compact_page``) and the actions; a windowed
 prompt keeps the last k actions but not their pages (a results page is long); for the CPU
 test bed's tiny policy, which pays for every token.
 
@@ -93,18 +94,23 @@ COMPACT_SYSTEM_PROMPT = (
 )
 
 
+def compact_page(observation: str) -> str:
+    """The page in lower case (asins as ``click[...]`` spells them), a line per text."""
+    return observation.lower().replace(" [sep] ", "\n")
+
+
 def _compact_actions(admissible: Sequence[str] | None) -> str:
     return "Actions: " + " | ".join(admissible or [])
 
 
 def render_first_compact(goal: str, observation: str, admissible: Sequence[str] | None) -> str:
     """The task line, the page, the actions."""
-    return f"{task_line(goal)}\n{observation}\n{_compact_actions(admissible)}"
+    return f"{task_line(goal)}\n{compact_page(observation)}\n{_compact_actions(admissible)}"
 
 
 def render_step_compact(step: int, observation: str, admissible: Sequence[str] | None) -> str:
     """A later chat turn: the page alone."""
-    return observation
+    return compact_page(observation)
 
 
 def render_window_compact(
@@ -112,7 +118,7 @@ def render_window_compact(
 ) -> str:
     """The task line, the last k actions, the page, the actions."""
     done = "".join(f"> {a}\n" for _, a in history)
-    return f"{task_line(goal)}\n{done}{observation}\n{_compact_actions(admissible)}"
+    return f"{task_line(goal)}\n{done}{compact_page(observation)}\n{_compact_actions(admissible)}"
 
 
 STYLES: dict[str, Prompts] = {

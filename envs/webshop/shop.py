@@ -187,15 +187,20 @@ class Shop:
         ]
 
 
-_SHOPS: dict[tuple[str, str], Shop] = {}
+_SHOPS: dict[tuple[Any, ...], Shop] = {}
+
+
+def _identity(path: str | os.PathLike | None) -> tuple[Any, ...]:
+    if path is None:
+        return ()
+    path = Path(path).resolve()
+    stat = path.stat() if path.is_file() else None
+    return (str(path), stat.st_size, stat.st_mtime_ns) if stat else (str(path),)
 
 
 def load_shop(items_path: str | os.PathLike, attributes_path: str | os.PathLike | None) -> Shop:
-    """The shop of these files, built once per process."""
-    key = (
-        str(Path(items_path).resolve()),
-        str(Path(attributes_path).resolve()) if attributes_path else "",
-    )
+    """The shop of these files, built once per process (again when a file changed)."""
+    key = (_identity(items_path), _identity(attributes_path))
     if key not in _SHOPS:
         _SHOPS[key] = Shop(load_products(items_path, attributes_path))
     return _SHOPS[key]
