@@ -390,7 +390,9 @@ def _goal(
         "goal_options": list(options.values()),
         "goal_options_by_name": dict(options),
         "price_upper": price_upper,
-        "search_query": f"{wanted} {t.noun} {' '.join(options.values())}",
+        # the expert's searches, in order: the instruction's own words for the product, then
+        # with the option values (when the first does not show the product on page 1)
+        "search_queries": [f"{wanted} {t.noun}", f"{wanted} {t.noun} {' '.join(options.values())}"],
     }
 
 

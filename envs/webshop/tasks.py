@@ -195,7 +195,7 @@ def _in_split(goal: dict[str, Any], split: str) -> bool:
 
 def _kept(shop: Shop, goal: dict[str, Any]) -> list[str] | None:
     """The goal's winning plan, if it has one and (variant 0) its near misses lose."""
-    plan = plan_for(shop, goal, [goal["search_query"], goal["instruction_text"].split(",")[0]])
+    plan = plan_for(shop, goal, goal["search_queries"])
     if plan is None or play_plan(shop, goal, plan) != 1.0:
         return None
     if goal["variant"] == 0:

@@ -126,13 +126,14 @@ WEBSHOP = EnvProfile(
     title="WebShop",
     full=JobSize("full", "default", n_train=16, n_eval=15, stage1_tasks=16, train_eval_episodes=4),
     quick=JobSize(
-        "quick", "default-quick", n_train=6, n_eval=5, stage1_tasks=6, train_eval_episodes=8
+        "quick", "default-quick", n_train=6, n_eval=5, stage1_tasks=6, train_eval_episodes=4
     ),
     # verl-agent's WebShop: at most 15 actions; the longest reply, the search of the
     # instruction's attributes, type and options, fits in 48 tokens
     rollout=dict(max_steps=15, max_response_tokens=48),
-    # an episode's pages are long (a results page lists 10 products): fewer cloning steps
-    base_quick={**_QUICK_BASE, "train_steps": 80},
+    # an episode's pages are long (a results page lists 10 products): half the analysis
+    # examples, fewer cloning steps than ALFWorld's 200
+    base_quick={**_QUICK_BASE, "analysis_per_game": 4, "train_steps": 160},
     run_dir="runs/webshop",
 )
 
