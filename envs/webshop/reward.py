@@ -171,7 +171,8 @@ def type_reward(product: Mapping[str, Any], goal: Mapping[str, Any]) -> dict[str
         >= 2
     )
     bought, wanted = set(nouns(product["name"])), nouns(goal["name"])
-    title_score = len(bought & set(wanted)) / len(set(wanted)) if wanted else 0.2
+    # the shared distinct nouns over the goal name's nouns, repeats counted (as the original)
+    title_score = len(bought & set(wanted)) / len(wanted) if wanted else 0.2
     r_type = 1.0
     if not (query_match or category_match or title_score > 0.2):
         r_type = 0.5

@@ -121,6 +121,9 @@ def test_type_reward_levels() -> None:
     # 1 of 11 nouns (< 0.1): 0.1, whatever else matches
     long_goal = {**GOAL, "name": "Acme Tea Tree Oil Hemp Argan Mint Jojoba Rose Sage Shampoo"}
     assert type_reward({**PRODUCT, "name": "Zeno Shampoo"}, long_goal)["r_type"] == 0.1
+    # repeated nouns count in the denominator: 1 shared of ("tea", "tea", "shampoo")
+    repeats = type_reward({**PRODUCT, "name": "Zeno Tea"}, {**GOAL, "name": "Tea Tea Shampoo"})
+    assert repeats["title_score"] == pytest.approx(1 / 3)
     # no shared noun: 0, even with the same query and category
     zero = {**PRODUCT, "name": "Zeno Conditioner"}
     assert type_reward(zero, GOAL)["r_type"] == 0.0
