@@ -230,28 +230,28 @@ def generate_tasks(
     }
     for category, pool in pools.items():  # the types of a category take turns at random
         random.Random(f"webshop-goals:{seed}:{split}:{category}").shuffle(pool)
-    paths: list[Path] = []
+    kept: list[tuple[dict[str, Any], list[str]]] = []
     cursor = dict.fromkeys(CATEGORIES, 0)
     exhausted: set[str] = set()
-    while len(paths) < n and len(exhausted) < len(CATEGORIES):
+    while len(kept) < n and len(exhausted) < len(CATEGORIES):
         for category in CATEGORIES:
-            if len(paths) >= n or category in exhausted:
+            if len(kept) >= n or category in exhausted:
                 continue
             while cursor[category] < len(pools[category]):
                 goal = pools[category][cursor[category]]
                 cursor[category] += 1
                 plan = _kept(shop, goal)
                 if plan is not None:
-                    paths.append(_write_goal(root, split, goal, plan))
+                    kept.append((goal, plan))
                     break
             else:
                 exhausted.add(category)
-    if len(paths) < n:
+    if len(kept) < n:  # nothing written: a failed call leaves no partial split
         raise TaskError(
-            f"the {split} split of this catalogue has only {len(paths)} goals; ask for fewer "
+            f"the {split} split of this catalogue has only {len(kept)} goals; ask for fewer "
             f"or a larger --targets-per-type"
         )
-    return paths
+    return [_write_goal(root, split, goal, plan) for goal, plan in kept]
 
 
 def _write_goal(root: Path, split: str, goal: dict[str, Any], plan: list[str]) -> Path:

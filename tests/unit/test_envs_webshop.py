@@ -486,8 +486,12 @@ def test_seed_games_cli(tmp_path: Path) -> None:
         (["--split", "valid", "--n", "1"], "unknown split 'valid'"),
         (["--split", "train", "--n", "1", "--seed", "9"], "holds another catalogue"),
         (["--split", "train", "--n", "900", "--targets-per-type", "4"], "has only"),
+        (["--split", "seen", "--n", "900", "--targets-per-type", "4"], "has only"),
         (["--split", "all", "--from-official", str(tmp_path / "none")], "no such folder"),
     ):
         proc = cli(*out, *bad)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
+    assert (
+        not (tmp_path / "train").exists() and not (tmp_path / "seen").exists()
+    )  # no partial split
