@@ -51,7 +51,7 @@ _COLORS = ("black", "white", "navy", "red", "green", "grey")
 
 
 def _t(
-    category: str, query: str, noun: str, path: str, attrs: str, options: dict, price
+    category: str, query: str, noun: str, path: str, attrs: str, options: dict, price: tuple
 ) -> ProductType:
     return ProductType(
         category, query, noun, path, tuple(a.strip() for a in attrs.split(",")),

@@ -222,7 +222,6 @@ class Session:
     asin: str | None = None
     sub_page: str = ""
     options: dict[str, str] = field(default_factory=dict)
-    clicked_asins: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ what can be done
 
@@ -284,8 +283,7 @@ class Session:
         elif name in SUB_PAGES:
             self.page, self.sub_page = "sub", name
         elif self.page == "results":  # a product link
-            self.asin = self.shop.product(name).get("asin")
-            self.clicked_asins.append(str(self.asin))
+            self.asin = self.shop.product(name)["asin"]
             self.page = "item"
         else:  # an option value of the item page
             for option_name, values in self.product()["options"].items():
@@ -333,7 +331,3 @@ class Session:
                 parts += [str(r.get("body", "")) for r in product["Reviews"]] or ["N.A."]
             return SEP.join(parts)
         return "Thank you for shopping with us!"
-
-    def chosen(self) -> str:
-        """The options chosen so far, as the item page shows them ("You have clicked ...")."""
-        return ", ".join(self.options.values())
