@@ -27,7 +27,8 @@ Departures, both forced by what can be installed here:
   colours, sizes, materials and common product adjectives). Set ``WEBSHOP_SPACY_MODEL`` to a
   spaCy model's folder (with spaCy installed) to tag with it instead, as the original does.
 - Fuzzy matching: ``token_set_ratio`` is thefuzz's (>= 0.20, on rapidfuzz) scorer written
-  here in pure Python: lower case, non-alphanumerics to spaces, the token sets' sorted
+  here in pure Python (a test checks it against thefuzz 0.22.1 on the shop's words), so the
+  environment needs no compiled dependency: lower case, non-alphanumerics to spaces, the token sets' sorted
   intersection ``t0`` and ``t1 = t0 + diff_ab``, ``t2 = t0 + diff_ba``; the score is the
   largest Indel similarity ``100 * 2 * LCS / (len_a + len_b)`` of the pairs (t0, t1),
   (t0, t2), (t1, t2), rounded to an integer; 0 when either side has no token.

@@ -64,6 +64,25 @@ def test_token_set_ratio_hand_computed() -> None:
     assert token_set_ratio("Sulfate-Free", "sulfate free") == 100
 
 
+def test_token_set_ratio_is_thefuzzs_on_the_shops_words() -> None:
+    """The scorer the original imports (thefuzz, a test dependency here) on 3,000 pairs of
+    the catalogue's attribute, option and colour words, in any case and order."""
+    import random
+
+    from thefuzz import fuzz
+
+    from envs.webshop.reward import COLOR_SET
+
+    words = [*COLOR_SET, *["x-large", "large", "8", "16", "6", "fl", "oz", "pack", "of", "2", "cotton", "sulfate-free", "usb-c", "wireless", "charger", "dress", "women", "men", "organic", "green", "tea", "100%", "natural"]]  # fmt: skip
+    rng = random.Random(0)
+    for _ in range(3000):
+        a = " ".join(rng.choices(words, k=rng.randint(0, 5)))
+        b = " ".join(rng.choices(words, k=rng.randint(0, 5)))
+        if rng.random() < 0.3:
+            b = f"{a.upper()} {rng.choice(words)}"
+        assert token_set_ratio(a, b) == fuzz.token_set_ratio(a, b), (a, b)
+
+
 def test_normalize_color_takes_the_first_colour_of_the_original_list() -> None:
     assert normalize_color("navy blue") == "blue"  # blue precedes navy in the list
     assert normalize_color("dark grey") == "dark" and normalize_color("16 fl oz") == "16 fl oz"
