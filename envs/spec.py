@@ -26,6 +26,7 @@ _BUILTIN: dict[str, str] = {
     "alfworld": "envs.alfworld:spec",
     "search": "envs.search:spec",
     "sokoban": "envs.sokoban:spec",
+    "webshop": "envs.webshop:spec",
 }
 ENV_HELP = f"environment: {', '.join(sorted(_BUILTIN))}, or module:ATTR of a spec"
 _LOADED: dict[str, EnvSpec] = {}  # this process's specs, by the name they were asked for

@@ -1,7 +1,7 @@
 """`seed run [--quick] [--env NAME] [--out DIR] [--seed S] [--algo A] [--updates N]
 [--eval-episodes N]`: the default job.
 
-`--env`: alfworld (default), search (search-based QA) or sokoban; each brings its own task
+`--env`: alfworld (default), search (search-based QA), sokoban or webshop; each brings its task
 generator, base policy and sizes (`testbed.profiles`). `--algo`: seed (default) or any method
 of `megatron_seed.methods` (the paper's Table 1 rows, its Table 2 ablations, seed-replay).
 

@@ -27,7 +27,7 @@ the library's skill for Skill-Prompt*).
 
 `job_config` is the job's recipe (`megatron_seed.recipes`: `default`, `default-quick`; it
 states only what differs from the paper's defaults, and why) for one method, seed and
-environment. The environment (`--env`: alfworld, search, sokoban) brings its rollout budgets
+environment. The environment (`--env`: alfworld, search, sokoban, webshop) brings its rollout budgets
 (under the recipe) and, from `testbed.profiles`, its sizes and the tiny policy's limits. ALFWorld's sizes: FULL (all six families, 16 training
 games, a base cloned on 200 games) and QUICK (Pick only, 6 training games, a base cloned on
 those 6 games alone: too little compute for it to play unseen games).

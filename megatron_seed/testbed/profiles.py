@@ -9,6 +9,7 @@ and the base-policy builder read them from one place.
 - ``alfworld``: the paper's main environment (small rooms; QUICK plays Pick only).
 - ``search``: search-based QA over a generated encyclopedia (at most 4 turns).
 - ``sokoban``: one box on a 6x6 grid (at most 15 moves).
+- ``webshop``: shopping over a generated catalogue (at most 15 actions).
 """
 
 from __future__ import annotations
@@ -120,7 +121,23 @@ SOKOBAN = EnvProfile(
     run_dir="runs/sokoban",
 )
 
-PROFILES: dict[str, EnvProfile] = {p.env: p for p in (ALFWORLD, SEARCH, SOKOBAN)}
+WEBSHOP = EnvProfile(
+    env="webshop",
+    title="WebShop",
+    full=JobSize("full", "default", n_train=16, n_eval=15, stage1_tasks=16, train_eval_episodes=4),
+    quick=JobSize(
+        "quick", "default-quick", n_train=6, n_eval=5, stage1_tasks=6, train_eval_episodes=4
+    ),
+    # verl-agent's WebShop: at most 15 actions; the longest reply, the search of the
+    # instruction's attributes, type and options, fits in 48 tokens
+    rollout=dict(max_steps=15, max_response_tokens=48),
+    # an episode's pages are long (a results page lists 10 products): half the analysis
+    # examples, fewer cloning steps than ALFWorld's 200
+    base_quick={**_QUICK_BASE, "analysis_per_game": 4, "train_steps": 160},
+    run_dir="runs/webshop",
+)
+
+PROFILES: dict[str, EnvProfile] = {p.env: p for p in (ALFWORLD, SEARCH, SOKOBAN, WEBSHOP)}
 
 
 def profile(env: str) -> EnvProfile:

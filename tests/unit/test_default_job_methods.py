@@ -74,7 +74,8 @@ def test_each_environment_brings_its_sizes_and_limits():
     assert profile("alfworld").generate_options(("pick",)) == {
         "room": (4, 1), "handcoded": False, "workers": 2, "families": ["pick"],
     }  # fmt: skip
-    assert set(PROFILES) == {"alfworld", "search", "sokoban"}
+    assert set(PROFILES) == {"alfworld", "search", "sokoban", "webshop"}
+    assert job_config(profile("webshop").quick, env="webshop").rollout.max_steps == 15
     with pytest.raises(ValueError, match="no job for environment 'chess'"):
         profile("chess")
 

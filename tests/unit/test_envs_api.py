@@ -50,11 +50,12 @@ def test_a_plug_in_is_checked_when_its_spec_loads(tmp_path: Path, monkeypatch) -
 
 
 def test_each_environment_carries_its_budgets() -> None:
-    budgets = {n: get_env(n).rollout for n in ("alfworld", "search", "sokoban")}
+    budgets = {n: get_env(n).rollout for n in ("alfworld", "search", "sokoban", "webshop")}
     assert {n: b.max_steps for n, b in budgets.items()} == {
         "alfworld": 30,  # the paper's Table 5
         "search": 4,  # Search-R1
         "sokoban": 15,  # verl-agent
+        "webshop": 15,  # verl-agent
     }
 
 

@@ -128,6 +128,30 @@ def test_alfworld_lives_in_its_own_package() -> None:
     assert MARKER in (REPO / "envs/alfworld/prompt.py").read_text()
 
 
+WEBSHOP_IMPORT = re.compile(r"^\s*(?:from|import)\s+envs\.webshop\b", re.MULTILINE)
+WEBSHOP_MARKER = "Your shopping " + "task:"  # WebShop's task line, split as MARKER is
+
+
+def test_webshop_lives_in_its_own_package() -> None:
+    """Outside `envs/webshop/` WebShop is a registry name (`envs.spec`) and a test-bed
+    profile: no library module imports its package or knows its task line."""
+    files = [
+        p
+        for package in (*LIBRARY, "tools")
+        for p in (REPO / package).rglob("*.py")
+        if "envs/webshop" not in p.relative_to(REPO).as_posix()
+    ]
+    assert any(p.name == "stage2.py" for p in files)
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in files
+        if WEBSHOP_IMPORT.search(p.read_text()) or WEBSHOP_MARKER in p.read_text()
+    ]
+    assert offenders == []
+    assert WEBSHOP_IMPORT.search((REPO / "envs/webshop/__init__.py").read_text())
+    assert WEBSHOP_MARKER in (REPO / "envs/webshop/prompt.py").read_text()
+
+
 def _rank_tests(source: str) -> list[str]:
     """The functions of `source` that branch on which trainer rank they run on (a
     comparison with `rank()` / `get_rank()`), outside a nested `role` chooser."""
