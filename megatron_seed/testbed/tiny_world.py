@@ -30,13 +30,17 @@ def make_tiny_world(root: Path, n_games: int = 6, seed: int = 1) -> Path:
     return root
 
 
-def train_command(root: Path, out: Path, config: dict, *extra: str) -> list[str]:
-    """`seed train` of the tiny recipe on a tiny world, with `config` as --config-json."""
+def train_command(
+    root: Path, out: Path, config: dict, *extra: str, model: Path | None = None
+) -> list[str]:
+    """`seed train` of the tiny recipe on a tiny world (its model, or `model`), with `config`
+    as --config-json."""
     import json
     import sys
 
+    model = model or root / "model"
     return [
         sys.executable, "-m", "megatron_seed.cli", "train",
-        "--model", str(root / "model"), "--games", str(root / "games"), "--out", str(out),
+        "--model", str(model), "--games", str(root / "games"), "--out", str(out),
         "--recipe", "tiny", "--config-json", json.dumps(config), *extra,
     ]  # fmt: skip

@@ -35,6 +35,26 @@ def test_fusion_keys():
     assert ws.fusion_key("model.layers.3.mlp.up_proj.weight") == "model.layers.3.mlp.gate_up_proj"
     assert ws.fusion_key("model.layers.3.mlp.down_proj.weight") == "model.layers.3.mlp.down_proj"
     assert ws.fusion_key("lm_head.weight") == "lm_head"
+    # every expert of a layer is one vLLM FusedMoE module; the router is a module of its own
+    expert = "model.layers.3.mlp.experts.17.down_proj.weight"
+    assert ws.fusion_key(expert) == "model.layers.3.mlp.experts"
+    assert ws.fusion_key("model.layers.3.mlp.gate.weight") == "model.layers.3.mlp.gate"
+
+
+def test_buckets_never_split_the_experts_of_an_moe_layer():
+    """Qwen3-MoE's export order (`hf_names`): at any bucket size, one layer's experts travel
+    in one bucket (vLLM's reload of a split layer gives garbage), dense tensors still split."""
+    from megatron_seed.models.convert import hf_names
+    from megatron_seed.models.qwen import QwenSpec
+    from megatron_seed.models.tiny import TINY_QWEN3_MOE
+
+    spec = QwenSpec.from_hf_config({**TINY_QWEN3_MOE, "num_hidden_layers": 3})
+    stream = [(n, torch.zeros(4, 4)) for n in hf_names(spec)]
+    buckets = list(ws.iter_buckets(iter(stream), 1))
+    experts = [b for b in buckets if any(".mlp.experts." in n for n, _ in b)]
+    assert len(experts) == 3  # one per layer, each with all 8 experts x gate/up/down
+    assert all(len(b) == 8 * 3 for b in experts)
+    assert len(buckets) > len(experts) + 3 * 5
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 2048, 4096, 1 << 30])

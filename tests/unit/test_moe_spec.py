@@ -62,20 +62,6 @@ def test_a_negative_load_balancing_weight_is_refused():
         moe_settings(spec, ep=1, aux_loss_coeff=-1.0, grouped_gemm=False)
 
 
-def test_stage2_refuses_a_moe_model_before_any_compute(tmp_path):
-    import json
-
-    from megatron_seed.config import SeedConfig
-    from megatron_seed.pipeline.job import Stage2Job, check_job
-
-    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3_MOE))
-    job = Stage2Job(str(tmp_path), ["g1"], str(tmp_path / "out"), SeedConfig())
-    with pytest.raises(ValueError, match="mixture-of-experts model: Stage 2 does not train"):
-        check_job(job)
-    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3))
-    check_job(job)
-
-
 @pytest.mark.parametrize(
     "shape,total,active",
     [  # Qwen's model cards: 30.5B total / 3.3B activated, 235B / 22B
