@@ -79,6 +79,10 @@ class ParallelConfig(_Checked):
 
     tp: int = _range(1, 1)
     pp: int = _range(1, 1)
+    # expert parallel (mixture-of-experts models): each MoE layer's experts are split over
+    # `ep` ranks of a data-parallel group (tokens reach them by all-to-all); EP must divide
+    # DP and the expert count; an expert's own weights are split over TP as dense ones are
+    ep: int = _range(1, 1)
     # GPU only: "bf16" or "fp32"; CPU always runs float32.
     precision: Literal["fp32", "bf16"] = "bf16"
     # GPU only, needs Transformer Engine (megatron_seed/models/fp8.py: what each needs)

@@ -22,6 +22,8 @@ the optimizer's gradient clipping, dist-checkpointing) run in float32 on the CPU
    device-to-host copies (a `_NoStream` here, whose recorded event synchronises at once) and
    converts the split sizes to numpy only when they are on a GPU, while gloo's
    `all_to_all_single` takes them only as integers (so they are converted on the CPU too).
+   With expert TP > 1 the dispatcher gathers and reduce-scatters each TP rank's own number
+   of routed tokens, which gloo refuses (equal sizes only): `_uneven_collectives` pads them.
 
 With CUDA present `enable_cpu_mode()` does nothing. One patch applies on every device,
 GPUs without Transformer Engine too (`megatron_without_te`, called by `init_parallel`): the
@@ -131,6 +133,45 @@ def _moe_cpu_mode() -> None:
         return moved
 
     dispatcher.maybe_move_tensor_to_cpu = split_sizes_to_numpy
+    _uneven_collectives()
+
+
+def _uneven_collectives() -> None:
+    """`torch.distributed.all_gather` and `reduce_scatter` (list forms) with pieces of
+    different lengths along dim 0, which gloo refuses: each piece padded to the longest,
+    the equal-size collective, the padding dropped. Equal pieces go straight through."""
+    import torch.distributed as dist
+
+    all_gather, reduce_scatter = dist.all_gather, dist.reduce_scatter
+
+    def padded(t: torch.Tensor, rows: int) -> torch.Tensor:
+        out = t.new_zeros((rows, *t.shape[1:]))
+        out[: t.shape[0]] = t
+        return out
+
+    def gather(outputs: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
+               async_op: bool = False) -> Any:  # fmt: skip
+        if all(o.shape == tensor.shape for o in outputs) or async_op:
+            return all_gather(outputs, tensor, group=group, async_op=async_op)
+        rows = max(o.shape[0] for o in outputs)
+        parts = [tensor.new_empty((rows, *tensor.shape[1:])) for _ in outputs]
+        all_gather(parts, padded(tensor, rows), group=group)
+        for out, part in zip(outputs, parts, strict=True):
+            out.copy_(part[: out.shape[0]])
+        return None
+
+    def scatter(output: torch.Tensor, inputs: list[torch.Tensor], op: Any = dist.ReduceOp.SUM,
+                group: Any = None, async_op: bool = False) -> Any:  # fmt: skip
+        if all(t.shape == output.shape for t in inputs) or async_op:
+            return reduce_scatter(output, inputs, op=op, group=group, async_op=async_op)
+        rows = max(t.shape[0] for t in inputs)
+        reduced = output.new_empty((rows, *output.shape[1:]))
+        stacked = torch.cat([padded(t, rows) for t in inputs])  # [world * rows, ...]
+        dist.reduce_scatter_tensor(reduced, stacked, op=op, group=group)
+        output.copy_(reduced[: output.shape[0]])
+        return None
+
+    dist.all_gather, dist.reduce_scatter = gather, scatter
 
 
 def megatron_without_te() -> None:

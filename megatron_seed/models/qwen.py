@@ -362,6 +362,19 @@ class LocalRMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = config.sequence_parallel
 
 
+class HeadRMSNorm(LocalRMSNorm):
+    """Qwen3's q/k norms in the local spec: an RMSNorm over each head's `head_dim`. It sees
+    every token of its TP rank's heads whether or not the sequence is split (the QKV
+    projection gathers it first), so its weight is not marked `sequence_parallel`;
+    `finalize_model_grads` sums q/k norm gradients over TP by name (each rank holds other
+    heads). megatron-core's `WrappedTorchNorm` refuses to be built under sequence
+    parallelism, which a MoE model at TP > 1 needs."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> None:
+        super().__init__(config, hidden_size, eps, **kwargs)
+        self.weight.sequence_parallel = False
+
+
 def layer_spec(
     spec: QwenSpec, use_te: bool, core_attention: type | None = None, moe: bool = False
 ) -> Any:
@@ -391,6 +404,9 @@ def layer_spec(
     local.submodules.self_attention.submodules.core_attention = attention
     local.submodules.input_layernorm = LocalRMSNorm
     local.submodules.pre_mlp_layernorm = LocalRMSNorm
+    if spec.qk_norm:
+        attention_parts = local.submodules.self_attention.submodules
+        attention_parts.q_layernorm = attention_parts.k_layernorm = HeadRMSNorm
     return local
 
 
@@ -458,6 +474,14 @@ def build_gpt_model(
     switches = gpu_switches(torch.cuda.is_available(), tp, use_te, main_grad)
     if sequence_parallel is not None:
         switches["sequence_parallel"] = sequence_parallel and tp > 1
+    if spec.is_moe and tp > 1:
+        # megatron-core's MoE layer refuses to train at TP > 1 without it (the tokens each
+        # TP rank dispatches are its slice of the sequence); it runs on the CPU too
+        if sequence_parallel is False:
+            raise ModelConfigError(
+                "a mixture-of-experts model at TP > 1 needs sequence parallelism"
+            )
+        switches["sequence_parallel"] = True
     config = transformer_config(
         spec,
         tp,

@@ -169,7 +169,11 @@ def build_job(args: argparse.Namespace):
 
     if cfg.parallel.distributed_optimizer and not torch.cuda.is_available():
         raise CommandError(DIST_OPT_ON_CPU)
-    spec = validate_hf_dir(args.model, cfg.parallel.tp, cfg.parallel.pp)
+    spec = validate_hf_dir(args.model, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep)
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # torchrun's world sets DP there
+    if not launched and args.dp % cfg.parallel.ep:
+        raise CommandError(f"parallel.ep={cfg.parallel.ep} must divide the data-parallel size "
+                           f"(--dp {args.dp}): the experts are split over DP ranks")  # fmt: skip
     if not (Path(args.model) / "tokenizer.json").is_file():
         raise CommandError(f"{args.model} has no tokenizer.json")
     from transformers import AutoTokenizer

@@ -61,7 +61,9 @@ def _sft_worker(
     from megatron_seed.train.checkpoint import export_hf, save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
-    init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device)
+    init_parallel(
+        cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device, ep=cfg.parallel.ep
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     check_chat_template(tokenizer)  # the checkpoint's chat format, before any compute
     trainer = SeedTrainer(cfg, model_dir, reference=False)

@@ -227,7 +227,9 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     cfg, out = job.cfg, Path(job.out_dir)
     check_job(job)
     replay = replay_pool(job)
-    init_parallel(cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device)
+    init_parallel(
+        cfg.parallel.tp, cfg.parallel.pp, cfg.seed, cfg.parallel.device, ep=cfg.parallel.ep
+    )
     where = f"trainer rank {rank()}/{dist.get_world_size()} on node {node_name()}"
     print(where, flush=True)
     provenance.record(f"trainer-rank{rank()}")  # a containerised job asks where it ran

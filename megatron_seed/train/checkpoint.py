@@ -55,12 +55,20 @@ def _layout() -> dict[str, int]:
         "tp": ps.get_tensor_model_parallel_world_size(),
         "pp": ps.get_pipeline_model_parallel_world_size(),
         "dp": ps.get_data_parallel_world_size(),
+        "ep": ps.get_expert_model_parallel_world_size(),
     }
+
+
+def _adam_states(trainer: SeedTrainer) -> list[dict]:
+    """Adam's per-parameter states, of every optimizer (a mixture-of-experts model's expert
+    parameters have one of their own: megatron-core chains it to the dense one)."""
+    chained = getattr(trainer.optimizer, "chained_optimizers", [trainer.optimizer])
+    return [state for opt in chained for state in opt.optimizer.state.values()]
 
 
 def _adam_steps(trainer: SeedTrainer) -> list[int]:
     steps = []
-    for state in trainer.optimizer.optimizer.state.values():
+    for state in _adam_states(trainer):
         step = state.get("step")
         steps.append(int(step.item() if torch.is_tensor(step) else step or 0))
     return steps
@@ -163,7 +171,7 @@ def load_checkpoint(trainer: SeedTrainer, path: str | Path, load_optimizer: bool
         loaded = dist_checkpointing.load(sharded, str(path / "optimizer"))
         trainer.optimizer.load_state_dict(loaded)
         # Loading re-initialises Adam's state without its step count: put it back.
-        for param_state in trainer.optimizer.optimizer.state.values():
+        for param_state in _adam_states(trainer):
             if "step" in param_state:
                 step = param_state["step"]
                 value = float(state["adam_step"])

@@ -51,6 +51,38 @@ def test_update_identical_across_tp_pp_dp(tp_checkpoint):
         assert worst <= 1e-5, (layout, worst)
 
 
+def test_a_moe_update_is_the_same_with_experts_split_over_ranks(tiny_tokenizer, tmp_path):
+    """A tiny Qwen3-MoE (8 experts, top-2): the update at EP=2 (DP=2, tokens dispatched to
+    the other rank's experts and back) and at TP=2 x EP=2 equals the update at EP=1 on one
+    rank: losses, gradient norm, every gradient and every parameter after the step."""
+    from megatron_seed.models.tiny import make_tiny_policy
+    from megatron_seed.models.tiny_tokenizer import save_tokenizer
+
+    tok = str(save_tokenizer(tiny_tokenizer, tmp_path / "tok"))
+    hf = str(make_tiny_policy(tmp_path / "moe", tiny_tokenizer, hidden_size=64, heads=2,
+                              kv_heads=2, model_type="qwen3_moe"))  # fmt: skip
+    # Adam's first step moves a weight by lr * g / (|g| + eps): a gradient entry of float32
+    # noise size (~1e-8, an expert few tokens reach) turns summation-order differences into
+    # steps differing by O(lr) at eps 1e-8 (measured: 1.2e-5 at lr 1e-3); at eps 1e-6 the
+    # comparison measures the layout, not noise divided by noise
+    cfg = dataclasses.replace(CFG, optim=dataclasses.replace(CFG.optim, adam_eps=1e-6))
+    runs = {}
+    for tp, ep in [(1, 1), (1, 2), (2, 2)]:
+        runs[(tp, ep)] = spawn(workers.moe_update, tp * ep, hf, tok, tp, ep, cfg)[0]
+    base_metrics, base_grads, base_params = runs[(1, 1)]
+    assert base_metrics["grad_norm"] > 0 and abs(base_metrics["loss/total"]) > 1e-3
+    scale = abs(base_metrics["loss/total"])
+    for layout, (metrics, grads, params) in runs.items():
+        assert metrics["grad_norm"] == pytest.approx(base_metrics["grad_norm"], rel=1e-5), layout
+        for key in ("loss/total", "loss/policy", "loss/opd", "kl"):
+            assert abs(metrics[key] - base_metrics[key]) <= 1e-5 * scale, (layout, key)
+        assert max(_rel(grads[k], base_grads[k]) for k in base_grads) <= 1e-5, layout
+        assert params.keys() == base_params.keys()
+        assert max(float((params[k] - base_params[k]).abs().max()) for k in params) <= 1e-5
+    experts = [k for k in base_grads if ".mlp.experts." in k]
+    assert len(experts) == 2 * 8 * 3 and all(base_grads[k].abs().max() > 0 for k in experts)
+
+
 def test_activation_recompute_changes_memory_not_math(tp_checkpoint):
     """`parallel.recompute` full (TP=2) and selective (TP=1) give the update and gradients
     of no recompute; the distributed optimizer is refused on CPU in one line."""

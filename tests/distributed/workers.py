@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 
-def _setup(hf_dir, tok_dir, tp, pp, cfg, **records_kw):
+def _setup(hf_dir, tok_dir, tp, pp, cfg, ep=1, **records_kw):
     from transformers import AutoTokenizer
 
     from megatron_seed.benchmarks.synthetic import synthetic_records
@@ -16,7 +16,7 @@ def _setup(hf_dir, tok_dir, tp, pp, cfg, **records_kw):
     from megatron_seed.train.batch import build_policy_batch
     from megatron_seed.train.trainer import SeedTrainer
 
-    init_parallel(tp, pp)
+    init_parallel(tp, pp, ep=ep)
     tok = AutoTokenizer.from_pretrained(tok_dir)
     trainer = SeedTrainer(cfg, hf_dir)
     records = synthetic_records(tok, **records_kw)
@@ -30,6 +30,25 @@ def update_and_grads(hf_dir, tok_dir, tp, pp, cfg):
     )
     metrics = trainer.train_step(pb)
     return metrics, trainer.grads_by_hf_name()
+
+
+def moe_update(hf_dir, tok_dir, tp, ep, cfg):
+    """One update of a mixture-of-experts model at TP x EP (DP = world / TP): its metrics,
+    the gradients and the parameters after the step, by HF name (every expert gathered)."""
+    from transformers import AutoTokenizer
+
+    from megatron_seed.models.convert import export_hf_weights
+    from megatron_seed.train.batch import build_policy_batch
+
+    trainer, records, _ = _setup(
+        hf_dir, tok_dir, tp, 1, cfg, ep=ep, groups=2, group_size=2, turns=3, valid_skill_every=2
+    )
+    tok = AutoTokenizer.from_pretrained(tok_dir)  # a MoE model at TP > 1 splits the sequence
+    pb = build_policy_batch(records, tok, pad_to_multiple_of=trainer.seq_multiple)
+    metrics = trainer.train_step(pb)
+    grads = trainer.grads_by_hf_name()
+    params = {k: v.clone() for k, v in export_hf_weights(trainer.model.module, trainer.spec)}
+    return metrics, grads, params
 
 
 def update_and_grads_sequence_parallel(hf_dir, tok_dir, tp, pp, cfg):
