@@ -114,14 +114,16 @@ def parse_job(text: str) -> JobCommand:
 def memory_summary(plan: LaunchPlan) -> str:
     """One line: the trainer's estimated GiB per GPU and the layout behind it."""
     p = plan.config.parallel
+    ep = f"EP={p.ep} " if p.ep > 1 else ""
     head = (
         f"{plan.recipe.name}: {plan.nodes} node(s); trainer TP={p.tp} PP={p.pp} DP={plan.dp} "
-        f"({plan.trainer_world} ranks); fleet {plan.fleet_gpus} GPU(s), engine TP="
+        f"{ep}({plan.trainer_world} ranks); fleet {plan.fleet_gpus} GPU(s), engine TP="
         f"{plan.config.fleet.engine_tp} ({plan.config.fleet.engines} engines)"
     )
     if not plan.layout.on_gpu:
         return head + "; CPU job"
-    mem = trainer_memory_gib(plan.recipe.model, p, plan.dp, plan.layout)
+    reference = plan.config.algo.beta_kl > 0
+    mem = trainer_memory_gib(plan.recipe.model, p, plan.dp, plan.layout, reference)
     parts = ", ".join(f"{k} {v:.1f}" for k, v in mem.items() if k != "total")
     line = f"{head}; trainer ~{mem['total']:.0f} GiB/GPU ({parts})"
     if plan.layout.colocated:
@@ -129,7 +131,7 @@ def memory_summary(plan: LaunchPlan) -> str:
         fleet = plan.config.fleet
         phases = colocated_memory_gib(
             plan.recipe.model, p, plan.dp, plan.layout, util, fleet.engine_tp,
-            fleet.sync_bucket_bytes,
+            fleet.sync_bucket_bytes, reference,
         )  # fmt: skip
         line += (
             f"; colocated: ~{phases['train']:.0f} GiB/GPU training (engines asleep), "

@@ -80,14 +80,27 @@ class ClusterLayout:
 
 
 def trainer_memory_gib(
-    model: ModelShape, parallel: ParallelConfig, dp: int, layout: ClusterLayout
+    model: ModelShape,
+    parallel: ParallelConfig,
+    dp: int,
+    layout: ClusterLayout,
+    reference: bool = True,
 ) -> dict[str, float]:
     """Estimated peak GiB on one trainer GPU, by component, for what the trainer runs.
 
     Mixed-precision Megatron: bf16 weights (2 B/param), fp32 main grads (4), fp32 master
     weights + Adam m, v (12; sharded over DP with `parallel.distributed_optimizer`), a frozen
-    bf16 reference model for the KL term (2). theta_old and the teacher pass reuse the
-    trainable weights (no extra copy). Activations (flash attention, no s^2 term; ~34*s*h
+    bf16 reference model for the KL term (2; none with `reference=False`: Stage 2 builds it
+    only when `algo.beta_kl` > 0). theta_old and the teacher pass reuse the trainable weights
+    (no extra copy).
+
+    A mixture-of-experts model's expert parameters (`ModelShape.expert_params`) are split
+    over TP x PP x EP ranks (expert TP = TP), the rest over TP x PP; with the distributed
+    optimizer the experts' Adam state is sharded over the expert data-parallel ranks only,
+    DP / EP of them. Each MoE layer in flight also holds the all-to-all dispatcher's buffers:
+    its s x k routed token copies on the way to the experts and back (bf16, 4 s k h bytes)
+    and their expert SwiGLU intermediates (fc1's 2F/TP and the activation's F/TP columns,
+    6 s k F / TP bytes). Activations (flash attention, no s^2 term; ~34*s*h
     bytes per layer's working set), for up to PP in-flight micro-batches of the first stage's
     layers: with `parallel.recompute="full"` the bf16 input of each such layer plus one
     layer's working set; otherwise ("none", or "selective", which only
@@ -96,20 +109,29 @@ def trainer_memory_gib(
     (8*c*V/TP bytes, c = min(s, chunk); the whole micro-batch when chunking is off:
     `models.chunked`), and 4 GiB for the CUDA context, NCCL buffers and the allocator.
     """
-    tp, pp = parallel.tp, parallel.pp
-    params_per_gpu = model.params / (tp * pp)
+    tp, pp, ep = parallel.tp, parallel.pp, parallel.ep
+    if dp % ep:
+        raise LayoutError(f"EP={ep} does not divide the data-parallel size {dp}")
+    dense = (model.params - model.expert_params) / (tp * pp)  # per GPU
+    experts = model.expert_params / (tp * pp * ep)
+    params_per_gpu = dense + experts
+    sharded = parallel.distributed_optimizer
+    optimizer_params = dense / dp + experts / (dp // ep) if sharded else params_per_gpu
     s = layout.tokens_per_micro_batch
     # 1F1B: the first stage holds up to PP micro-batches of its layers/PP layers in flight
     layers = model.layers
     working = 34 * s * model.hidden / tp  # one layer's activations
+    k = model.top_k
+    dispatch = 4 * s * k * model.hidden + 6 * s * k * model.expert_ffn / tp  # one MoE layer
     full = parallel.recompute == "full"
     parts = {
         "weights_bf16": 2 * params_per_gpu,
         "grads_fp32": 4 * params_per_gpu,
-        "optimizer_fp32": 12 * params_per_gpu / (dp if parallel.distributed_optimizer else 1),
-        "reference_bf16": 2 * params_per_gpu,
+        "optimizer_fp32": 12 * optimizer_params,
+        "reference_bf16": 2 * params_per_gpu if reference else 0.0,
         "activations": 2 * s * model.hidden * layers / tp if full else working * layers,
         "recompute_layer": working if full else 0.0,
+        "moe_dispatch": dispatch if full else dispatch * layers,
         "logits_fp32": 8 * min(s, parallel.logit_chunk_tokens or s) * model.vocab / tp,
         "runtime": 4 * GIB,
     }
@@ -204,6 +226,7 @@ def colocated_memory_gib(
     gpu_memory_utilization: float,
     engine_tp: int = 1,
     bucket_bytes: int = 64 << 20,
+    reference: bool = True,
 ) -> dict[str, float]:
     """Peak GiB of one shared GPU in each phase of a colocated job, in the order they come.
 
@@ -216,7 +239,7 @@ def colocated_memory_gib(
     engines' weights are awake (their KV cache is not) and the trainer's IPC staging buffer
     is filled (`sync_staging_gib`). "generate": the engine's whole share next to what the
     trainer keeps while it waits."""
-    trainer = trainer_memory_gib(model, parallel, dp, layout)
+    trainer = trainer_memory_gib(model, parallel, dp, layout, reference)
     resident = trainer["weights_bf16"] + trainer["reference_bf16"] + trainer["runtime"]
     share = gpu_memory_utilization * layout.gpu_memory_gib
     return {
@@ -285,10 +308,19 @@ def check_layout(model: ModelShape, config: SeedConfig, layout: ClusterLayout, n
         raise LayoutError(
             f"TP={tp} would span nodes: only {layout.trainer_ranks_per_node} trainer GPUs per node"
         )
+    ep = parallel.ep
+    if ep > 1 and not model.experts:
+        raise LayoutError(f"{model.hf_id} has no experts: EP={ep} is for mixture-of-experts models")
+    if (world // (tp * pp)) % ep:
+        raise LayoutError(
+            f"EP={ep} does not divide the data-parallel size {world // (tp * pp)} (the experts "
+            f"are split over DP ranks: {world} trainer GPUs / TP×PP={tp * pp})"
+        )
     for name, count, size in (
         ("attention heads", model.heads, tp),
         ("KV heads", model.kv_heads, tp),
         ("layers", model.layers, pp),
+        ("experts", model.experts, ep),
     ):
         if count % size:
             raise LayoutError(f"{model.hf_id}: {count} {name} are not divisible by {size}")
@@ -302,8 +334,9 @@ def _check_memory(model: ModelShape, config: SeedConfig, layout: ClusterLayout, 
     if layout.colocated:
         util = config.fleet.gpu_memory_utilization
         phases = colocated_memory_gib(
-            model, parallel, dp, layout, util, engine_tp, config.fleet.sync_bucket_bytes
-        )
+            model, parallel, dp, layout, util, engine_tp, config.fleet.sync_bucket_bytes,
+            reference=config.algo.beta_kl > 0,
+        )  # fmt: skip
         if phases["sync"] > budget:
             raise LayoutError(
                 f"colocated: during a weight sync the trainer's resident "
@@ -326,13 +359,14 @@ def _check_memory(model: ModelShape, config: SeedConfig, layout: ClusterLayout, 
                 f"{layout.gpu_memory_gib:.0f} GiB (no room for KV cache): raise engine TP or "
                 "fleet.gpu_memory_utilization"
             )
-    need = trainer_memory_gib(model, parallel, dp, layout)["total"]
+    need = trainer_memory_gib(model, parallel, dp, layout, config.algo.beta_kl > 0)["total"]
     if layout.colocated:
         need += ENGINE_ASLEEP_GIB
     if need > budget:
         raise LayoutError(
             f"the trainer needs ~{need:.0f} GiB per GPU at TP={parallel.tp} PP={parallel.pp} "
-            f"DP={dp} (budget {budget:.0f} GiB): use more nodes or a larger TP×PP"
+            f"DP={dp}{f' EP={parallel.ep}' if model.experts else ''} (budget {budget:.0f} "
+            "GiB): use more nodes or a larger TP×PP"
         )
     weights = engine_weights_gib(model, engine_tp)
     if weights > layout.gpu_memory_gib / 2:

@@ -99,6 +99,12 @@ class ModelShape:
         )  # fmt: skip
 
     @property
+    def expert_params(self) -> int:
+        """Parameters of the experts (gate, up and down of each; 0 for a dense model): what
+        expert parallelism splits; the router and everything else are the dense part."""
+        return self.layers * self.experts * 3 * self.hidden * self.expert_ffn
+
+    @property
     def active_params(self) -> int:
         """Parameters one token runs through: `params` less the experts it is not routed to."""
         idle = self.layers * (self.experts - self.top_k) * 3 * self.hidden * self.expert_ffn
@@ -326,6 +332,40 @@ def qwen2_5_32b() -> Recipe:
     return Recipe("qwen2.5-32b", QWEN2_5_32B, _engine_tp(_parallel(tp=4, pp=2), 2))
 
 
+# Mixture-of-experts recipes: H200 nodes (141 GiB), trainer and engines colocated on all
+# 8 GPUs of a node. Every expert's bf16 weights, fp32 gradient and Adam state (20 B/param)
+# sit on the EP x TP x PP ranks that own it, sharded over DP only beyond EP (expert data
+# parallel = DP / EP), so these fit only where TP x PP x EP covers the trainer's GPUs (the
+# arithmetic: docs/launch.md). No reference model (beta_kl = 0, as the anchors run MoE RL):
+# a second copy of every expert would not fit beside them.
+H200 = {"gpu_memory_gib": 141.0, "gpus_per_node": 8, "colocated": True,
+        "trainer_ranks_per_node": 8, "fleet_gpus_per_node": 8}  # fmt: skip
+
+
+def _moe(parallel: dict[str, int], engine_tp: int, engine_share: float) -> SeedConfig:
+    """A MoE recipe's config: colocated engines taking `engine_share` of each GPU while they
+    generate (what the trainer keeps resident must fit beside it), no reference model."""
+    config = _engine_tp(_parallel(**parallel), engine_tp)
+    fleet = dataclasses.replace(
+        config.fleet, colocate=True, transport="ipc", gpu_memory_utilization=engine_share
+    )
+    return dataclasses.replace(
+        config, fleet=fleet, algo=dataclasses.replace(config.algo, beta_kl=0.0)
+    )
+
+
+def qwen3_30b_a3b() -> Recipe:
+    """Qwen3-30B-A3B on one node of 8 H200: EP=8 trainer colocated with TP=4 engines."""
+    return Recipe("qwen3-30b-a3b", QWEN3_30B_A3B, _moe({"ep": 8}, 4, 0.75), H200)
+
+
+def qwen3_235b_a22b() -> Recipe:
+    """Qwen3-235B-A22B on 8 nodes of 8 H200: TP=4 x PP=2 x EP=8 trainer colocated with
+    TP=8 engines."""
+    parallel = {"tp": 4, "pp": 2, "ep": 8}  # 94 layers: PP 2; 4 KV heads: TP <= 4
+    return Recipe("qwen3-235b-a22b", QWEN3_235B_A22B, _moe(parallel, 8, 0.78), H200)
+
+
 def qwen2_5_72b() -> Recipe:
     """TP=4 x PP=4 trainer, TP=4 engines, 8+ nodes."""
     return Recipe("qwen2.5-72b", QWEN2_5_72B, _engine_tp(_parallel(tp=4, pp=4), 4))
@@ -341,6 +381,8 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
     "qwen2.5-14b": qwen2_5_14b,
     "qwen2.5-32b": qwen2_5_32b,
     "qwen2.5-72b": qwen2_5_72b,
+    "qwen3-30b-a3b": qwen3_30b_a3b,
+    "qwen3-235b-a22b": qwen3_235b_a22b,
 }
 
 

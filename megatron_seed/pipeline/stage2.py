@@ -240,7 +240,8 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
         return Leader.open(job, tokenizer, fleet, pool) if rank() == 0 else Follower()
 
     def build() -> tuple[SeedTrainer, Path | None]:
-        trainer = SeedTrainer(cfg, job.model_dir)
+        # the frozen reference exists for the KL term only (none at beta_kl = 0)
+        trainer = SeedTrainer(cfg, job.model_dir, reference=cfg.algo.beta_kl != 0)
         resumed = latest_checkpoint(out / "checkpoints")
         if resumed is not None:
             load_checkpoint(trainer, resumed)

@@ -139,6 +139,94 @@ def test_memory_estimate_reads_what_the_trainer_runs() -> None:
     assert whole["logits_fp32"] == pytest.approx(16 * ran["logits_fp32"])
 
 
+def test_moe_memory_terms_against_hand_arithmetic() -> None:
+    """Qwen3-30B-A3B at TP=1 PP=1 EP=8 DP=8 (its recipe): 48 layers x 128 experts x 3 x 2048
+    x 768 = 28.99e9 expert parameters split 8 ways, the other 1.54e9 on every rank; the
+    experts' Adam state is not sharded (expert DP = DP / EP = 1), the rest over DP = 8; no
+    reference model (beta_kl = 0); one MoE layer's dispatcher at s = 8192 tokens, k = 8."""
+    recipe = recipes.get("qwen3-30b-a3b")
+    model, parallel = recipe.model, recipe.config.parallel
+    assert (parallel.tp, parallel.pp, parallel.ep, recipe.config.algo.beta_kl) == (1, 1, 8, 0)
+    experts = 48 * 128 * 3 * 2048 * 768
+    assert model.expert_params == experts == 28_991_029_248
+    dense = model.params - experts  # attention, norms, routers, embeddings and output layer
+    assert dense == pytest.approx(1.541e9, rel=1e-3)
+    layout = recipe_layout(recipe)
+    mem = trainer_memory_gib(model, parallel, 8, layout, reference=False)
+    gib = 1024**3
+    per_gpu = dense + experts / 8
+    assert mem["weights_bf16"] == pytest.approx(2 * per_gpu / gib)
+    assert mem["grads_fp32"] == pytest.approx(4 * per_gpu / gib)
+    assert mem["optimizer_fp32"] == pytest.approx(12 * (dense / 8 + experts / 8) / gib)
+    assert mem["reference_bf16"] == 0.0
+    s, k, h, f = 8192, 8, 2048, 768
+    assert mem["moe_dispatch"] == pytest.approx((4 * s * k * h + 6 * s * k * f) / gib)
+    # with a reference model every rank holds another bf16 copy of its share
+    ref = trainer_memory_gib(model, parallel, 8, layout)["reference_bf16"]
+    assert ref == pytest.approx(mem["weights_bf16"])
+    # twice the GPUs at the same EP: the experts' Adam state shards over 2 expert-DP ranks
+    two = trainer_memory_gib(model, parallel, 16, layout, reference=False)
+    assert two["optimizer_fp32"] == pytest.approx(12 * (dense / 16 + experts / 8 / 2) / gib)
+    # TP=2 splits dense and expert weights alike (expert TP = TP) and the expert FFN columns
+    tp2 = trainer_memory_gib(model, dataclasses.replace(parallel, tp=2, ep=4), 4, layout, False)
+    assert tp2["weights_bf16"] == pytest.approx(2 * (dense / 2 + experts / 8) / gib)
+    assert tp2["moe_dispatch"] == pytest.approx((4 * s * k * h + 3 * s * k * f) / gib)
+    # a dense model has no MoE term
+    dense_model = recipes.get("qwen2.5-7b")
+    plain = trainer_memory_gib(dense_model.model, dense_model.config.parallel, 2, layout)
+    assert plain["moe_dispatch"] == 0.0
+
+
+@pytest.mark.parametrize(("name", "nodes", "line"), [
+    ("qwen3-30b-a3b", 1, "TP=1 PP=1 DP=8 EP=8 (8 ranks); fleet 8 GPU(s), engine TP=4"),
+    ("qwen3-235b-a22b", 8, "TP=4 PP=2 DP=8 EP=8 (64 ranks); fleet 64 GPU(s), engine TP=8"),
+])  # fmt: skip
+def test_moe_recipes_render_on_their_nodes_and_not_on_fewer(
+    name, nodes, line, capsys, monkeypatch
+) -> None:
+    """Colocated on H200 nodes; the dry run prints the layout and its memory, and the job
+    trains the recipe (EP with it); one node fewer (or 80 GiB GPUs) is refused in one line."""
+    from megatron_seed.cli import main
+
+    for var in ("SEED_MODEL_DIR", "SEED_GAMES_DIR", "SEED_OUT_DIR"):
+        monkeypatch.setenv(var, f"/lustre/{var.lower()}")
+    recipe = recipes.get(name)
+    assert min_nodes(recipe) == nodes
+    plan = make_plan(name, nodes)
+    assert plan.layout.colocated and plan.layout.gpu_memory_gib == 141.0
+    assert plan.config.parallel.ep == recipe.config.parallel.ep > 1
+    assert line in memory_summary(plan)
+    argv = ["launch", name, "--executor", "slurm", "--nodes", str(nodes), "--dryrun"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert line in captured.out + captured.err  # the memory summary
+    assert f"--nnodes {nodes} --nproc-per-node 8" in out
+    assert f"-m megatron_seed.cli train --recipe {name}" in out
+    if nodes > 1:
+        with pytest.raises(PlanError, match=f"at least {nodes} nodes"):
+            make_plan(name, nodes - 1)
+    small = dataclasses.replace(recipe_layout(recipe), gpu_memory_gib=80.0)
+    with pytest.raises(LayoutError, match="GiB"):
+        check_layout(recipe.model, recipe.config, small, nodes)
+
+
+def test_ep_must_divide_dp_and_the_experts() -> None:
+    recipe = recipes.get("qwen3-30b-a3b")
+    layout = recipe_layout(recipe)
+    odd = dataclasses.replace(
+        recipe.config, parallel=dataclasses.replace(recipe.config.parallel, ep=3)
+    )
+    with pytest.raises(LayoutError, match="EP=3 does not divide the data-parallel size 8"):
+        check_layout(recipe.model, odd, layout, 1)
+    dense = recipes.get("qwen2.5-7b")
+    moe_on_dense = dataclasses.replace(
+        dense.config, parallel=dataclasses.replace(dense.config.parallel, ep=2)
+    )
+    with pytest.raises(LayoutError, match="has no experts"):
+        check_layout(dense.model, moe_on_dense, recipe_layout(dense), 1)
+
+
 def test_cpu_memory_model_is_the_gpu_terms_at_float32() -> None:
     from launch.layout import (
         CPU_ENGINE_LOAD_FACTOR,
