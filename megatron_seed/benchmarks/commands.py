@@ -1,5 +1,5 @@
-"""`seed bench scoring|attention|memory|phases|sync`: what scoring, the teacher pass, attention and the
-output layer cost.
+"""`seed bench scoring|attention|memory|phases|sync|moe`: what scoring, the teacher pass,
+attention, the output layer and mixture-of-experts layers cost.
 
 `scoring`:
 
@@ -19,6 +19,8 @@ output layer cost.
     phases (`rollout.overlap`), interleaved rounds, per-phase medians and ratios
     (`benchmarks.phases`).
 `sync`: the rollout fleet's weight-sync cost and rollout throughput (`benchmarks.sync`).
+`moe`: one update of a small Qwen3-MoE against a dense Qwen3 of the same active parameters
+    (`benchmarks.moe`).
 Results go to a JSON file (default bench/WHAT.json) and are printed.
 """
 
@@ -34,7 +36,9 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     parser.add_argument(
-        "what", choices=["scoring", "attention", "memory", "phases", "sync"], help="benchmark"
+        "what",
+        choices=["scoring", "attention", "memory", "phases", "sync", "moe"],
+        help="benchmark",
     )
     parser.add_argument("--out", default=None, help="results file (default bench/WHAT.json)")
     parser.add_argument("--turns", type=int, default=30, help="scoring: turns per trajectory")
@@ -308,6 +312,13 @@ def run(args: argparse.Namespace) -> int:
         from megatron_seed.benchmarks.sync import run_sync
 
         return run_sync(args, out)
+    if args.what == "moe":
+        from megatron_seed.benchmarks.moe import run_moe
+
+        if args.rounds < 1:
+            raise SystemExit("--rounds must be >= 1")
+        run_moe(out, args.rounds, Path(tempfile.mkdtemp(prefix="seed-bench-moe-")))
+        return 0
     if args.what == "phases":
         from megatron_seed.benchmarks.phases import print_summary, run_phases
 

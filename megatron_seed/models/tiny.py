@@ -60,16 +60,14 @@ def make_tiny_policy(
     change its config (`model_type="qwen3_moe"`: a tiny Qwen3-MoE, 8 experts, top-2)."""
     from megatron_seed.models.tiny_tokenizer import save_tokenizer
 
-    out = make_tiny_qwen(
-        out_dir,
-        seed=seed,
+    config = dict(
         vocab_size=-(-len(tokenizer) // 4) * 4,
         hidden_size=hidden_size,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
-        **overrides,
     )
+    out = make_tiny_qwen(out_dir, seed=seed, **{**config, **overrides})
     save_tokenizer(tokenizer, out)
     return out

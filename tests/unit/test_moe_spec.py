@@ -113,3 +113,17 @@ def test_experts_are_a_grouped_gemm_only_on_te_layers(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert not transformer_config(spec).moe_grouped_gemm
     assert moe_settings(spec, ep=1, aux_loss_coeff=0.0, grouped_gemm=True)["moe_grouped_gemm"]
+
+
+def test_the_moe_benchmark_compares_models_of_equal_active_parameters(tmp_path, tiny_tokenizer):
+    """`seed bench moe`'s dense twin runs every token through as many parameters as the MoE
+    model (its MLP is k experts wide); only the router's h x E per layer differs."""
+    from megatron_seed.benchmarks.moe import write_models
+
+    shape = {"hidden": 64, "heads": 2, "layers": 2, "experts": 4, "top_k": 2, "expert_ffn": 32}
+    models = write_models(tmp_path, tiny_tokenizer, shape)
+    moe, dense = (QwenSpec.from_pretrained(models[k]) for k in ("moe", "dense"))
+    assert (moe.num_experts, moe.top_k, moe.moe_ffn) == (4, 2, 32)
+    assert dense.intermediate_size == 64 and not dense.is_moe
+    idle = 2 * (4 - 2) * 3 * 64 * 32
+    assert moe.num_params - idle - dense.num_params == 2 * 64 * 4  # the routers
