@@ -152,6 +152,12 @@ class AlgoConfig(_Checked):
     # step, so that the policy's own analyzer keeps its format while RL moves the actor
     replay_weight: float = _range(0.0, 0.0)
     replay_examples: int = _range(4, 1)
+    # Mixture-of-experts models: the routers' load-balancing loss (Switch, megatron-core's
+    # "aux_loss": E * sum_i f_i * P_i per MoE layer and micro-batch) with this weight: the
+    # update minimises L + moe_aux_loss * (mean over its micro-batches of the sum over MoE
+    # layers) over the real tokens of each micro-batch. Off by default, as RL trainers run
+    # MoE models
+    moe_aux_loss: float = _range(0.0, 0.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -37,18 +37,22 @@ def micro_batches(tensors: dict[str, torch.Tensor], size: int) -> list[dict[str,
 
 def model_forward(model: Any, batch: dict[str, Any]) -> torch.Tensor:
     """One stage's forward; on the last stage the result is per-token NLL `[b, s]`. A packed
-    micro-batch (`cu_seqlens` in it, b = 1) goes in with its `PackedSeqParams`."""
+    micro-batch (`cu_seqlens` in it, b = 1) goes in with its `PackedSeqParams`; a `valid`
+    mask `[b, s]` (the real tokens) tells mixture-of-experts routers which tokens to count
+    in their load-balancing loss."""
     input_ids = batch["input_ids"]  # [b, s]
     b, s = input_ids.shape
+    extra = {"padding_mask": ~batch["valid"]} if "valid" in batch else {}
     if "cu_seqlens" not in batch:
         position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
-        return model(input_ids, position_ids, None, labels=batch["labels"])
+        return model(input_ids, position_ids, None, labels=batch["labels"], **extra)
     if b != 1:  # thd squeezes the batch dimension: one packed row per micro-batch
         raise ValueError(f"a packed micro-batch is one row, got {b}")
     params = packed_seq_params(batch["cu_seqlens"], batch["max_seqlen"])
     return model(
-        input_ids, batch["position_ids"], None, labels=batch["labels"], packed_seq_params=params
-    )
+        input_ids, batch["position_ids"], None, labels=batch["labels"],
+        packed_seq_params=params, **extra,
+    )  # fmt: skip
 
 
 def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int) -> Any:

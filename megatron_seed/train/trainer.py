@@ -181,6 +181,9 @@ class SeedTrainer:
         precision = par.precision if torch.cuda.is_available() else "fp32"
         self.precision = precision
         # no random init: load_hf_weights writes every tensor of the state dict
+        aux = cfg.algo.moe_aux_loss
+        if aux and not self.spec.is_moe:
+            raise ValueError("algo.moe_aux_loss is the routers' loss: this model has no experts")
         model = build_gpt_model(
             self.spec,
             precision=precision,
@@ -189,7 +192,10 @@ class SeedTrainer:
             initialize=False,
             main_grad=True,
             logit_chunk_tokens=par.logit_chunk_tokens,
+            aux_loss_coeff=aux,
         )
+        if aux:
+            _plain_aux_loss_scale(model)
         load_hf_weights(model, ckpt)
         on_gpu = torch.cuda.is_available()
         ddp_config = DistributedDataParallelConfig(
@@ -356,14 +362,19 @@ class SeedTrainer:
         """This DP rank's micro-batches of `[m, s]` tensors (whose rows hold sequences of
         `lengths`, [m]), and the padding fraction of all DP ranks' micro-batches together.
         Packed rows when `optim.micro_batch_tokens` > 0; else `micro_batch_size` padded rows,
-        where rows that only even out the split over DP get an all-False `mask`."""
+        where rows that only even out the split over DP get an all-False `mask`. With the
+        routers' load-balancing loss, `valid` marks the real tokens (the routers count no
+        padding)."""
+        if self.cfg.algo.moe_aux_loss:
+            width = tensors["mask"].shape[1]
+            tensors = {**tensors, "valid": torch.arange(width)[None, :] < lengths[:, None]}
         if self.cfg.optim.micro_batch_tokens:
             plan = self._plan(lengths)
             return self._packed_rows(plan, tensors), plan.pad_fraction
         m, s = tensors["mask"].shape
         rows, per = self._dp_rows(m)
         local = {k: v[rows.clamp(min=0)].clone() for k, v in tensors.items()}
-        for key in ("mask", "replay"):  # padding rows carry no loss
+        for key in ("mask", "replay", "valid"):  # padding rows carry no loss
             if key in local:
                 local[key][rows < 0] = False
         batches = micro_batches(local, self.cfg.optim.micro_batch_size)
@@ -530,7 +541,10 @@ class SeedTrainer:
             return loss, metrics
 
         logs, grad_norm = self._adam_step(local, loss_fn)
+        aux = logs.pop()["moe/aux_loss"] if logs and "moe/aux_loss" in logs[-1] else None
         metrics = self._reduce_metrics(logs)
+        if aux is not None:
+            metrics["moe/aux_loss"] = aux
         metrics["grad_norm"] = grad_norm
         metrics["tokens"] = float(num_tokens)
         metrics["pad_frac"] = pad_frac
@@ -541,7 +555,14 @@ class SeedTrainer:
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        aux = self.cfg.algo.moe_aux_loss
+        if aux:  # each micro-batch's aux loss weighs 1 / (the step's micro-batches, all ranks)
+            count = torch.tensor([float(len(batches))])
+            dist.all_reduce(count, group=_ps().get_data_parallel_group())
+            self.model.module.config.moe_aux_loss_coeff = aux / float(count)
         logs = run_schedule(self.model, batches, loss_fn, False)
+        if aux:
+            logs.append({"moe/aux_loss": _aux_loss_per_micro_batch(float(count))})
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("optimizer step was skipped (non-finite gradients)")
@@ -619,3 +640,39 @@ class SeedTrainer:
         finally:
             for p, data in swapped:
                 p.data = data
+
+
+def _plain_aux_loss_scale(model: Any) -> None:
+    """Have every MoE router add its load-balancing loss's gradient unscaled.
+
+    With `calculate_per_token_loss` a megatron-core router multiplies each micro-batch's aux
+    loss by its number of tokens, expecting `finalize_model_grads` to divide every gradient
+    by the step's token count. This trainer's losses are normalised by their token counts
+    already and its `finalize_model_grads` divides nothing, so that factor would weigh the
+    aux loss by a micro-batch's tokens. A router copies the flag when it is built (before
+    the trainer turns it on for the model, so it is off today); it is set off here so that
+    it stays so. `_adam_step` sets the coefficient to `algo.moe_aux_loss` / (the step's
+    micro-batches over DP)."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    for module in model.modules():
+        if isinstance(module, TopKRouter):
+            module.calculate_per_token_loss = False
+
+
+def _aux_loss_per_micro_batch(micro_batches: float) -> float:
+    """The routers' load-balancing loss of the step just run (unweighted, summed over MoE
+    layers, mean over its `micro_batches` micro-batches on all ranks), read from and cleared
+    in megatron-core's tracker."""
+    from megatron.core.transformer.moe import moe_utils
+
+    tracker = moe_utils.get_moe_layer_wise_logging_tracker()
+    if "load_balancing_loss" not in tracker:
+        return 0.0
+    # per layer: summed over PP and TP (each TP rank's share of its tokens), averaged over DP
+    moe_utils.reduce_aux_losses_tracker_across_ranks(["load_balancing_loss"])
+    values = tracker["load_balancing_loss"]["values"]
+    dp = _ps().get_data_parallel_world_size()
+    total = float(values.sum()) * dp / micro_batches
+    moe_utils.clear_aux_losses_tracker()
+    return total

@@ -51,16 +51,11 @@ def test_update_identical_across_tp_pp_dp(tp_checkpoint):
         assert worst <= 1e-5, (layout, worst)
 
 
-def test_a_moe_update_is_the_same_with_experts_split_over_ranks(tiny_tokenizer, tmp_path):
+def test_a_moe_update_is_the_same_with_experts_split_over_ranks(moe_checkpoint):
     """A tiny Qwen3-MoE (8 experts, top-2): the update at EP=2 (DP=2, tokens dispatched to
     the other rank's experts and back) and at TP=2 x EP=2 equals the update at EP=1 on one
     rank: losses, gradient norm, every gradient and every parameter after the step."""
-    from megatron_seed.models.tiny import make_tiny_policy
-    from megatron_seed.models.tiny_tokenizer import save_tokenizer
-
-    tok = str(save_tokenizer(tiny_tokenizer, tmp_path / "tok"))
-    hf = str(make_tiny_policy(tmp_path / "moe", tiny_tokenizer, hidden_size=64, heads=2,
-                              kv_heads=2, model_type="qwen3_moe"))  # fmt: skip
+    hf, tok = moe_checkpoint
     # Adam's first step moves a weight by lr * g / (|g| + eps): a gradient entry of float32
     # noise size (~1e-8, an expert few tokens reach) turns summation-order differences into
     # steps differing by O(lr) at eps 1e-8 (measured: 1.2e-5 at lr 1e-3); at eps 1e-6 the
@@ -81,6 +76,46 @@ def test_a_moe_update_is_the_same_with_experts_split_over_ranks(tiny_tokenizer, 
         assert max(float((params[k] - base_params[k]).abs().max()) for k in params) <= 1e-5
     experts = [k for k in base_grads if ".mlp.experts." in k]
     assert len(experts) == 2 * 8 * 3 and all(base_grads[k].abs().max() > 0 for k in experts)
+
+
+@pytest.fixture
+def moe_checkpoint(tiny_tokenizer, tmp_path):
+    """(model folder, tokenizer folder): a tiny Qwen3-MoE, 8 experts, top-2, 2 layers."""
+    from megatron_seed.models.tiny import make_tiny_policy
+    from megatron_seed.models.tiny_tokenizer import save_tokenizer
+
+    tok = str(save_tokenizer(tiny_tokenizer, tmp_path / "tok"))
+    hf = str(make_tiny_policy(tmp_path / "moe", tiny_tokenizer, hidden_size=64, heads=2,
+                              kv_heads=2, model_type="qwen3_moe"))  # fmt: skip
+    return hf, tok
+
+
+def test_the_routers_load_balancing_loss_has_the_weight_asked_for(moe_checkpoint):
+    """algo.moe_aux_loss = c adds c x the routers' load-balancing loss (mean over the
+    update's micro-batches of their real tokens, summed over layers) to the update: its
+    value and its gradient equal transformers' router logits put through the Switch formula
+    by hand, and they are the same at EP=2 and TP2 x EP2 (where rows carry one more padding
+    token: the routers count none)."""
+    hf, tok = moe_checkpoint
+    cfg = dataclasses.replace(CFG, algo=dataclasses.replace(CFG.algo, moe_aux_loss=1.0))
+    (got,) = spawn(workers.moe_aux_loss_gradient, 1, hf, tok, cfg)
+    assert got["aux_metric"] == pytest.approx(got["reference"], rel=1e-5)
+    assert got["reference"] > 1.0  # E * sum f P is 1 when balanced: one term per layer
+    assert got["loss_equal"]  # the SEED loss is the same; the aux term is on its own
+    ref = got["ref_grads"]
+    router = [n for n in ref if n.endswith("mlp.gate.weight")]
+    assert len(router) == 2 and all(ref[n].abs().max() > 0 for n in router)
+    for name, g in ref.items():
+        assert _rel(got["aux_grads"][name], g) <= 1e-3, name
+    runs = {
+        layout: spawn(workers.moe_update, layout[0] * layout[1], hf, tok, *layout, cfg)[0]
+        for layout in [(1, 1), (1, 2), (2, 2)]
+    }
+    base = runs[(1, 1)][0]["moe/aux_loss"]
+    assert base == pytest.approx(got["aux_metric"], rel=1e-6)
+    for layout, (metrics, grads, _) in runs.items():
+        assert metrics["moe/aux_loss"] == pytest.approx(base, rel=1e-5), layout
+        assert max(_rel(grads[k], runs[(1, 1)][1][k]) for k in grads) <= 1e-5, layout
 
 
 def test_activation_recompute_changes_memory_not_math(tp_checkpoint):

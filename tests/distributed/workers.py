@@ -51,6 +51,67 @@ def moe_update(hf_dir, tok_dir, tp, ep, cfg):
     return metrics, grads, params
 
 
+def moe_aux_loss_gradient(hf_dir, tok_dir, cfg):
+    """One process, EP=1: the SEED update's gradients with `cfg.algo.moe_aux_loss` = c and
+    with 0 on the same batch, and the routers' load-balancing loss computed independently
+    from transformers' router logits: R = mean over the micro-batches (one row each, its T
+    real tokens) of sum over layers of E / (k T^2) * sum_e (sum_t softmax_te) *
+    (top-k count_e), with its gradient by HF name."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from megatron_seed.train.trainer import SeedTrainer
+
+    c = cfg.algo.moe_aux_loss
+    trainer, _, pb = _setup(
+        hf_dir, tok_dir, 1, 1, cfg, groups=2, group_size=2, turns=3, valid_skill_every=2
+    )
+    metrics = trainer.train_step(pb)
+    with_aux = trainer.grads_by_hf_name()
+    off = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, moe_aux_loss=0.0))
+    plain = SeedTrainer(off, hf_dir)
+    plain_metrics = plain.train_step(pb)
+    without = plain.grads_by_hf_name()
+
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    hf.train()
+    experts, k = hf.config.num_experts, hf.config.num_experts_per_tok
+    rows = pb.student.input_ids  # [B, s]: each row is one micro-batch
+    total = 0.0
+    for r in range(rows.shape[0]):
+        real = rows[r : r + 1, : int(pb.student.lengths[r])]  # the routers count no padding
+        logits = hf(real, output_router_logits=True).router_logits
+        for layer in logits:  # [T, E]
+            probs = torch.softmax(layer.float(), dim=-1)
+            chosen = torch.zeros_like(probs).scatter(1, probs.topk(k, dim=-1).indices, 1.0)
+            t = probs.shape[0]
+            total = total + experts / (k * t * t) * (probs.sum(0) * chosen.sum(0)).sum()
+    reference = total / rows.shape[0]
+    reference.backward()
+    ref_grads = {}
+    for name, param in hf.named_parameters():  # transformers fuses each layer's experts
+        grad = torch.zeros_like(param) if param.grad is None else param.grad.detach().clone()
+        prefix = name.rsplit(".", 1)[0]
+        if name.endswith("experts.gate_up_proj"):  # [E, 2F, H], gate first
+            f = grad.shape[1] // 2
+            for e in range(grad.shape[0]):
+                ref_grads[f"{prefix}.{e}.gate_proj.weight"] = grad[e, :f]
+                ref_grads[f"{prefix}.{e}.up_proj.weight"] = grad[e, f:]
+        elif name.endswith("experts.down_proj"):  # [E, H, F]
+            for e in range(grad.shape[0]):
+                ref_grads[f"{prefix}.{e}.down_proj.weight"] = grad[e]
+        else:
+            ref_grads[name] = grad
+    return {
+        "aux_metric": metrics["moe/aux_loss"],
+        "reference": float(reference),
+        "loss_equal": metrics["loss/total"] == plain_metrics["loss/total"],
+        "aux_grads": {n: (with_aux[n] - without[n]) / c for n in with_aux},
+        "ref_grads": ref_grads,
+    }
+
+
 def update_and_grads_sequence_parallel(hf_dir, tok_dir, tp, pp, cfg):
     """`update_and_grads` with sequence parallelism (a GPU switch) turned on, on the CPU;
     batches padded to the trainer's token multiple (TP)."""
