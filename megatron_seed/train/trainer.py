@@ -196,6 +196,12 @@ class SeedTrainer:
         )
         if aux:
             _plain_aux_loss_scale(model)
+        self._step_aux_loss: float | None = None  # set by each `_adam_step`
+        self._router_stats = None  # a mixture-of-experts model's routing, every update
+        if self.spec.is_moe:
+            from megatron_seed.models.router_stats import RouterStats
+
+            self._router_stats = RouterStats(model, self.spec.num_layers, self.spec.num_experts)
         load_hf_weights(model, ckpt)
         on_gpu = torch.cuda.is_available()
         ddp_config = DistributedDataParallelConfig(
@@ -362,10 +368,10 @@ class SeedTrainer:
         """This DP rank's micro-batches of `[m, s]` tensors (whose rows hold sequences of
         `lengths`, [m]), and the padding fraction of all DP ranks' micro-batches together.
         Packed rows when `optim.micro_batch_tokens` > 0; else `micro_batch_size` padded rows,
-        where rows that only even out the split over DP get an all-False `mask`. With the
-        routers' load-balancing loss, `valid` marks the real tokens (the routers count no
-        padding)."""
-        if self.cfg.algo.moe_aux_loss:
+        where rows that only even out the split over DP get an all-False `mask`. A
+        mixture-of-experts model's micro-batches carry `valid`, the real tokens (its routers'
+        load-balancing loss and statistics count no padding)."""
+        if self.spec.is_moe:
             width = tensors["mask"].shape[1]
             tensors = {**tensors, "valid": torch.arange(width)[None, :] < lengths[:, None]}
         if self.cfg.optim.micro_batch_tokens:
@@ -488,6 +494,8 @@ class SeedTrainer:
         totals.update(_mismatch(old, pb.student))
         if use_opd:
             totals.update(_opd_condition(pb, old, first_teacher, algo.beta_opd))
+        if self._router_stats is not None:  # over every training pass of this update
+            totals.update(self._router_stats.pop())
         self.state.step += 1
         return totals
 
@@ -541,10 +549,9 @@ class SeedTrainer:
             return loss, metrics
 
         logs, grad_norm = self._adam_step(local, loss_fn)
-        aux = logs.pop()["moe/aux_loss"] if logs and "moe/aux_loss" in logs[-1] else None
         metrics = self._reduce_metrics(logs)
-        if aux is not None:
-            metrics["moe/aux_loss"] = aux
+        if self._step_aux_loss is not None:
+            metrics["moe/aux_loss"] = self._step_aux_loss
         metrics["grad_norm"] = grad_norm
         metrics["tokens"] = float(num_tokens)
         metrics["pad_frac"] = pad_frac
@@ -560,9 +567,11 @@ class SeedTrainer:
             count = torch.tensor([float(len(batches))])
             dist.all_reduce(count, group=_ps().get_data_parallel_group())
             self.model.module.config.moe_aux_loss_coeff = aux / float(count)
-        logs = run_schedule(self.model, batches, loss_fn, False)
-        if aux:
-            logs.append({"moe/aux_loss": _aux_loss_per_micro_batch(float(count))})
+        stats = self._router_stats.collecting() if self._router_stats else contextlib.nullcontext()
+        with stats:
+            logs = run_schedule(self.model, batches, loss_fn, False)
+        # the routers' load-balancing loss of this step, for the caller's metrics
+        self._step_aux_loss = _aux_loss_per_micro_batch(float(count)) if aux else None
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("optimizer step was skipped (non-finite gradients)")
@@ -612,12 +621,17 @@ class SeedTrainer:
         if self.dp[1] > 1:
             dist.all_reduce(dev, group=ps.get_data_parallel_group())
         total = broadcast_from_last_stage(dev if ps.is_pipeline_last_stage() else None, (1,))
-        return {
+        metrics = {
             "nll": float(total.cpu()[0]),
             "grad_norm": grad_norm,
             "tokens": float(num_tokens),
             "pad_frac": pad_frac,
         }
+        if self._step_aux_loss is not None:
+            metrics["moe/aux_loss"] = self._step_aux_loss
+        if self._router_stats is not None:
+            metrics.update(self._router_stats.pop())
+        return metrics
 
     def set_lr(self, lr: float) -> None:
         """Change the learning rate (SFT and RL use different ones)."""

@@ -90,12 +90,13 @@ def moe_checkpoint(tiny_tokenizer, tmp_path):
     return hf, tok
 
 
-def test_the_routers_load_balancing_loss_has_the_weight_asked_for(moe_checkpoint):
+def test_the_routers_load_balancing_loss_and_statistics(moe_checkpoint):
     """algo.moe_aux_loss = c adds c x the routers' load-balancing loss (mean over the
     update's micro-batches of their real tokens, summed over layers) to the update: its
     value and its gradient equal transformers' router logits put through the Switch formula
     by hand, and they are the same at EP=2 and TP2 x EP2 (where rows carry one more padding
-    token: the routers count none)."""
+    token: the routers count none). The routing statistics every MoE update logs match the
+    same logits."""
     hf, tok = moe_checkpoint
     cfg = dataclasses.replace(CFG, algo=dataclasses.replace(CFG.algo, moe_aux_loss=1.0))
     (got,) = spawn(workers.moe_aux_loss_gradient, 1, hf, tok, cfg)
@@ -107,6 +108,12 @@ def test_the_routers_load_balancing_loss_has_the_weight_asked_for(moe_checkpoint
     assert len(router) == 2 and all(ref[n].abs().max() > 0 for n in router)
     for name, g in ref.items():
         assert _rel(got["aux_grads"][name], g) <= 1e-3, name
+    # the routing statistics of the update's training pass: tokens per expert (max / mean)
+    # and the router's entropy, per layer, against the same router logits
+    stats = got["reference_stats"]
+    assert len(stats) == 4 and all(v > 0 for v in stats.values())
+    for key, value in stats.items():
+        assert got["metrics"][key] == pytest.approx(value, rel=1e-5), key
     runs = {
         layout: spawn(workers.moe_update, layout[0] * layout[1], hf, tok, *layout, cfg)[0]
         for layout in [(1, 1), (1, 2), (2, 2)]
@@ -115,6 +122,8 @@ def test_the_routers_load_balancing_loss_has_the_weight_asked_for(moe_checkpoint
     assert base == pytest.approx(got["aux_metric"], rel=1e-6)
     for layout, (metrics, grads, _) in runs.items():
         assert metrics["moe/aux_loss"] == pytest.approx(base, rel=1e-5), layout
+        for key, value in stats.items():
+            assert metrics[key] == pytest.approx(value, rel=1e-5), (layout, key)
         assert max(_rel(grads[k], runs[(1, 1)][1][k]) for k in grads) <= 1e-5, layout
 
 

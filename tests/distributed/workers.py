@@ -79,15 +79,24 @@ def moe_aux_loss_gradient(hf_dir, tok_dir, cfg):
     experts, k = hf.config.num_experts, hf.config.num_experts_per_tok
     rows = pb.student.input_ids  # [B, s]: each row is one micro-batch
     total = 0.0
+    layers = hf.config.num_hidden_layers
+    load = torch.zeros(layers, experts)  # routing statistics over every real token
+    entropy, tokens = torch.zeros(layers), 0
     for r in range(rows.shape[0]):
         real = rows[r : r + 1, : int(pb.student.lengths[r])]  # the routers count no padding
         logits = hf(real, output_router_logits=True).router_logits
-        for layer in logits:  # [T, E]
+        for i, layer in enumerate(logits):  # [T, E]
             probs = torch.softmax(layer.float(), dim=-1)
             chosen = torch.zeros_like(probs).scatter(1, probs.topk(k, dim=-1).indices, 1.0)
             t = probs.shape[0]
             total = total + experts / (k * t * t) * (probs.sum(0) * chosen.sum(0)).sum()
+            load[i] += chosen.sum(0).detach()
+            entropy[i] += -(probs * probs.log()).sum().detach()
+        tokens += real.shape[1]
     reference = total / rows.shape[0]
+    stats = {f"moe/load_max_mean/layer_{i}": float(load[i].max() / load[i].mean())
+             for i in range(layers)}  # fmt: skip
+    stats |= {f"moe/router_entropy/layer_{i}": float(entropy[i] / tokens) for i in range(layers)}
     reference.backward()
     ref_grads = {}
     for name, param in hf.named_parameters():  # transformers fuses each layer's experts
@@ -104,6 +113,8 @@ def moe_aux_loss_gradient(hf_dir, tok_dir, cfg):
         else:
             ref_grads[name] = grad
     return {
+        "metrics": metrics,
+        "reference_stats": stats,
         "aux_metric": metrics["moe/aux_loss"],
         "reference": float(reference),
         "loss_equal": metrics["loss/total"] == plain_metrics["loss/total"],
