@@ -363,6 +363,38 @@ class VLLMEngine:
             raise RuntimeError("could not reset the prefix cache after a weight update")
         return int(counts[0])
 
+    def routes(self, sequences: list[list[int]]) -> list[Any]:
+        """The experts each MoE layer's router picks when this engine reads each sequence:
+        per sequence a `[len, layers, k]` int16 array (numpy), from one prefill of it alone
+        (`cache_salt` keeps it from reusing a cached prefix, whose tokens would go unrouted).
+        The top k of the router's logits, as the engine computes them with its weights.
+        vLLM reports the routes of sampled tokens itself only with its V2 model runner
+        (`enable_return_routed_experts`, which needs Triton); this is the engine's routing
+        of a whole sequence, read back."""
+        import uuid
+
+        from vllm import SamplingParams
+
+        if not self.llm.collective_rpc("seed_route_capture", args=(True,))[0]:
+            raise ValueError(f"{self.model_dir} has no mixture-of-experts layer to route")
+        try:
+            self.llm.collective_rpc("seed_take_routes")  # whatever ran before
+            salt = uuid.uuid4().hex
+            params = SamplingParams(max_tokens=1, temperature=0.0)
+            out = []
+            for i, ids in enumerate(sequences):
+                prompt = {"prompt_token_ids": list(ids), "cache_salt": f"{salt}-{i}"}
+                self.llm.generate([prompt], params, use_tqdm=False)
+                routes = self.llm.collective_rpc("seed_take_routes")[0]
+                if routes.shape[0] != len(ids):
+                    raise RuntimeError(
+                        f"the engine routed {routes.shape[0]} tokens of a {len(ids)}-token sequence"
+                    )
+                out.append(routes)
+            return out
+        finally:
+            self.llm.collective_rpc("seed_route_capture", args=(False,))
+
     def weight_checksum(self) -> float:
         """Sum of every parameter of the (first) worker's model."""
         return float(self.llm.collective_rpc("seed_weight_checksum")[0])

@@ -77,6 +77,49 @@ class SeedWorkerExtension:
         repack_cpu_moe(self.model_runner.get_model(), (name for name, _ in weights))  # type: ignore[attr-defined]
         return len(weights)
 
+    def seed_route_capture(self, on: bool) -> int:
+        """Start (`on`) or stop recording which experts each MoE layer's router picks: the
+        top k of its gate's logits for every token of every forward pass, kept until
+        `seed_take_routes`. Returns the number of MoE layers (0: a dense model)."""
+        gates = getattr(self, "_seed_gates", None)
+        if gates is None:
+            model = self.model_runner.get_model()  # type: ignore[attr-defined]
+            hf = self.model_runner.model_config.hf_config  # type: ignore[attr-defined]
+            # transformers 5 names the expert count num_local_experts, earlier num_experts
+            experts = getattr(hf, "num_local_experts", None) or getattr(hf, "num_experts", 0)
+            k = getattr(hf, "num_experts_per_tok", 0)
+            gates = [
+                module
+                for name, module in model.named_modules()
+                if name.endswith(".mlp.gate") and getattr(module, "output_size", 0) == experts
+            ]
+            self._seed_gates, self._seed_route_k = gates, k
+            self._seed_routes: list[list[torch.Tensor]] = [[] for _ in gates]
+            self._seed_route_on = False
+            for layer, gate in enumerate(gates):
+                gate.register_forward_hook(self._seed_route_hook(layer))
+        self._seed_route_on = on
+        self._seed_routes = [[] for _ in gates]
+        return len(gates)
+
+    def _seed_route_hook(self, layer: int) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            if self._seed_route_on:
+                logits = output[0] if isinstance(output, tuple) else output  # [tokens, E]
+                picked = logits.float().topk(self._seed_route_k, dim=-1).indices
+                self._seed_routes[layer].append(picked.to(torch.int16).cpu())
+
+        return hook
+
+    def seed_take_routes(self) -> Any:
+        """The routes recorded since the last call, `[tokens, layers, k]` int16 (numpy), the
+        tokens of the forward passes in order; the record starts over."""
+        k = self._seed_route_k
+        routes = [torch.cat(calls or [torch.empty(0, k, dtype=torch.int16)])
+                  for calls in self._seed_routes]  # fmt: skip
+        self._seed_routes = [[] for _ in self._seed_gates]
+        return torch.stack(routes, dim=1).numpy()
+
     def seed_reseed(self, seed: int) -> None:
         """Restart the sampler's random stream (it draws for requests without a seed)."""
         torch.manual_seed(seed)

@@ -61,7 +61,12 @@ def main(path: str) -> None:
             engine.update_weights(stream)
         worker_extension.repack_cpu_moe = repack
         logprobs[label] = engine.prompt_logprobs(request["ids"])
-    result = {"logprobs": logprobs, "repacked": counts, "expert_buckets": expert_buckets}
+    # the experts the engine's routers pick for each token of each sequence (last weights)
+    routes = [r.tolist() for r in engine.routes(request["ids"])]
+    result = {
+        "logprobs": logprobs, "repacked": counts, "expert_buckets": expert_buckets,
+        "routes": routes,
+    }  # fmt: skip
     print(json.dumps(result))
 
 

@@ -7,7 +7,9 @@ every rollout after a sync is silently wrong. `worker_extension.repack_cpu_moe` 
 again; without it the same syncs leave a large gap (shown here by switching it off in the
 engine's own process). Both paths the fleet uses are exercised: the weight transfer
 (objstore: layerwise reload, one update per bucket) and `seed_reload_weights` (restarts,
-`load_bucket`). The engine runs in a child process (~30 s)."""
+`load_bucket`). The engine also reports its routing of a sequence, the experts each layer
+picks for each token, as transformers' router picks them. The engine runs in a child
+process (~30 s)."""
 
 from __future__ import annotations
 
@@ -79,3 +81,16 @@ def test_synced_moe_weights_score_as_transformers_scores_them(versions, tmp_path
     for label, version in (("transfer", 1), ("reload", 2), ("transfer again", 3)):
         assert gap(label, version) <= 1e-5, label
     assert got["repacked"] == {label: layers for label, *_ in plan[1:]} | {plan[0][0]: 0}
+
+    # the engine's routing of each sequence (`VLLMEngine.routes`, on the last weights): for
+    # every token and MoE layer, the same k experts transformers' router picks
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(versions[3]), dtype=torch.float32)
+    with torch.no_grad():
+        logits = hf(ids, output_router_logits=True).router_logits  # per layer [b * s, E]
+    routes = torch.tensor(got["routes"])  # [b, s, layers, k]
+    assert routes.shape == (2, 40, layers, 2)
+    for layer, per_layer in enumerate(logits):
+        want = per_layer.view(2, 40, -1).topk(2, dim=-1).indices.sort(-1).values
+        assert torch.equal(routes[:, :, layer].long().sort(-1).values, want), layer
