@@ -97,12 +97,14 @@ class SeedWorkerExtension:
             self._seed_routes: list[list[torch.Tensor]] = [[] for _ in gates]
             self._seed_route_on = False
             for layer, gate in enumerate(gates):
-                gate.register_forward_hook(self._seed_route_hook(layer))
+                gate.register_forward_hook(self.seed_route_hook(layer))
         self._seed_route_on = on
         self._seed_routes = [[] for _ in gates]
         return len(gates)
 
-    def _seed_route_hook(self, layer: int) -> Any:
+    def seed_route_hook(self, layer: int) -> Any:
+        """The forward hook of MoE layer `layer`'s gate (`seed_route_capture`)."""
+
         def hook(module: Any, args: Any, output: Any) -> None:
             if self._seed_route_on:
                 logits = output[0] if isinstance(output, tuple) else output  # [tokens, E]
