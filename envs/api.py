@@ -13,6 +13,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 # Longest action text passed to an engine; ALFWorld's longest command is ~60 characters.
@@ -168,6 +169,23 @@ class Prompts:
     def lists_admissible(self, step: int, history_mode: str) -> bool:
         """Whether the prompt before action ``step`` shows the admissible actions."""
         return step == 0 or history_mode == "window" or self.step_lists_admissible
+
+
+def task_files(
+    root: str | Path, split: str | None, is_split: Callable[[Path], bool] = Path.is_dir
+) -> list[Path]:
+    """Task files laid out as ``root/<split>/<group>/*.json``, sorted: those of ``split``, or
+    of every folder of ``root`` that ``is_split`` accepts when ``split`` is None; a one-line
+    ``ValueError`` when the split's folder or ``root`` is missing."""
+    base = Path(root)
+    if split is not None:
+        folder = base / split
+        if not folder.is_dir():
+            raise ValueError(f"no {split!r} split in {base} (no folder {folder})")
+        return sorted(folder.glob("*/*.json"))
+    if not base.is_dir():
+        raise ValueError(f"no task folder {base}")
+    return sorted(p for d in base.iterdir() if is_split(d) for p in d.glob("*/*.json"))
 
 
 def choose_style(styles: Mapping[str, Prompts], name: str) -> Prompts:

@@ -25,6 +25,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from envs.api import task_files
 from envs.search import corpus as world_mod
 from envs.search.retriever import CONFIG_NAME, TOP_K, BM25Retriever, write_config
 
@@ -65,20 +66,14 @@ def load_task(task: str | os.PathLike) -> dict[str, Any]:
 
 
 def list_tasks(root: str | os.PathLike, split: str | None = None) -> list[Path]:
-    """Task files under ``root/<split>/<data_source>/``, sorted; every split if None."""
-    base = Path(root)
-    if split is not None:
-        folder = base / split
-        if not folder.is_dir():
-            raise ValueError(f"no {split!r} split in {base} (no folder {folder})")
-        return sorted(folder.glob("*/*.json"))
-    if not base.is_dir():
-        raise ValueError(f"no task folder {base}")
-    splits = [
-        d for d in base.iterdir()
-        if d.is_dir() and not d.name.startswith(".") and not d.name.endswith(".bm25")
-    ]  # fmt: skip
-    return sorted(p for d in splits for p in d.glob("*/*.json"))
+    """Task files under ``root/<split>/<data_source>/``, sorted; every split if None (the
+    encyclopedia's hidden and ``.bm25`` index folders are not splits)."""
+    return task_files(root, split, _is_split)
+
+
+def _is_split(folder: Path) -> bool:
+    name = folder.name
+    return folder.is_dir() and not name.startswith(".") and not name.endswith(".bm25")
 
 
 def task_family(task: str | os.PathLike) -> str:

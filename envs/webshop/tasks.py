@@ -27,6 +27,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from envs.api import task_files
 from envs.webshop.catalog import CATEGORIES, build_catalog
 from envs.webshop.reward import get_reward, normalize_color, token_set_ratio
 from envs.webshop.shop import PRODUCT_WINDOW, Session, Shop, ShopError, load_shop
@@ -91,15 +92,7 @@ def shop_of(task: str | os.PathLike) -> Shop:
 
 def list_tasks(root: str | os.PathLike, split: str | None = None) -> list[Path]:
     """Goal files under ``root/<split>/<category>/``, sorted; every split if None."""
-    base = Path(root)
-    if split is not None:
-        folder = base / split
-        if not folder.is_dir():
-            raise ValueError(f"no {split!r} split in {base} (no folder {folder})")
-        return sorted(folder.glob("*/*.json"))
-    if not base.is_dir():
-        raise ValueError(f"no task folder {base}")
-    return sorted(p for d in base.iterdir() if d.is_dir() for p in d.glob("*/*.json"))
+    return task_files(root, split)
 
 
 def task_family(task: str | os.PathLike) -> str:
