@@ -65,13 +65,7 @@ def _worker(models: dict[str, str], rounds: int) -> dict:
     trainers = {name: SeedTrainer(cfg, path) for name, path in models.items()}
     params = {}
     for name, trainer in trainers.items():
-        spec = trainer.spec
-        total = sum(p.numel() for p in trainer.model.module.parameters())
-        idle = 0
-        if spec.is_moe:
-            idle = spec.num_layers * (spec.num_experts - spec.top_k) * 3 * spec.hidden_size
-            idle *= spec.moe_ffn
-        params[name] = {"total": total, "active": total - idle}
+        params[name] = {"total": trainer.spec.num_params, "active": trainer.spec.active_params}
         trainer.train_step(batch)  # warm-up
     times: dict[str, list[float]] = {name: [] for name in trainers}
     for _ in range(rounds):
