@@ -73,10 +73,10 @@ def run_phases(
     from megatron_seed.testbed.default_job import _games, job_config
     from megatron_seed.testbed.profiles import profile
 
-    size = profile(ENV).size(True)
+    size = profile(ENV).size("quick")
     games = _games(work / "games", size, seed, ENV)
     base = build_base_policy(
-        work / "base", quick=True, seed=seed, games_dir=work / "games", measure=False
+        work / "base", size="quick", seed=seed, games_dir=work / "games", measure=False
     )
     cfg = job_config(size, "seed", seed)
     unknown = sorted(set(extra or ()) - set(EXTRA))

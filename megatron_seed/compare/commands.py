@@ -1,7 +1,7 @@
 """`seed compare`: methods side by side, same budget, over seeds.
 
     seed compare [--methods seed grpo ...] [--seeds 0 1 2] [--env NAME] [--out DIR]
-                 [--quick]                                         # the tiny world (default)
+                 [--size full|quick|evidence | --quick]            # the tiny world (default)
                  --model DIR --games DIR [--recipe NAME] [--updates N]   # a model of yours
                  [--stage1-tasks N] [--eval-episodes N] [--skill-library DIR]
     seed compare --merge DIR ... [--out DIR]
@@ -14,9 +14,11 @@ ablations, seed-replay); the baselines start from the base model, SEED from its 
 SFT. A method evaluated with skills adds its starred row.
 
 Without `--model` the comparison runs in the test bed's tiny world (`seed run`'s job: its
-generated games and tiny base policy per seed, its recipes and sizes; `--quick` the smaller
-size). With `--model` it runs from that HF folder on the tasks of `--games` (train, seen and
-unseen splits) with `--recipe`'s config (default: the config's defaults).
+generated games and tiny base policy per seed, its recipes and sizes: `--size full` (the
+default), `quick` (`--quick`: the smaller one) or `evidence` (ALFWorld: quick's world with 24
+training games and sampled held-out games, docs/results.md "Power")). With `--model` it runs
+from that HF folder on the tasks of `--games` (train, seen and unseen splits) with
+`--recipe`'s config (default: the config's defaults).
 
 The side-by-side table goes to OUT/compare.md and OUT/compare.json (`compare.report`);
 re-running resumes. `--merge DIR ...` runs nothing and writes one table from earlier
@@ -41,26 +43,37 @@ from megatron_seed.pipeline.commands_eval import env_spec, env_tasks
 
 # the tiny world's job (games, base policy, sizes), reached only when no --model is named
 TINY_WORLD_JOB = "megatron_seed.testbed.default_job:run_default_job"
+# the tiny world's sizes (`testbed.profiles.SIZES`; a unit test keeps the two the same)
+TINY_WORLD_SIZES = ("full", "quick", "evidence")
 SPLITS = ("train", "seen", "unseen")
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of one job that `seed compare` shares with `seed run`."""
-    parser.add_argument(
-        "--quick", action="store_true", help="the tiny world's smaller size (about 5 minutes)"
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument(
+        "--size",
+        choices=TINY_WORLD_SIZES,
+        default=None,
+        help="the tiny world's size: full (the default), quick (about 5 minutes) or evidence "
+        "(ALFWorld: quick with 24 training games, held-out games sampled 4 times each)",
+    )
+    size.add_argument(
+        "--quick", dest="size", action="store_const", const="quick", help="--size quick"
     )
     parser.add_argument(
         "--updates",
         type=positive,
         default=None,
-        help="Stage-2 updates (default: the recipe's; the tiny world's: 12 quick, 24 full)",
+        help="Stage-2 updates (default: the recipe's; the tiny world's: 12 quick and "
+        "evidence, 24 full)",
     )
     parser.add_argument(
         "--eval-episodes",
         type=positive,
         default=None,
         help="sampled evaluation episodes per training task (default: the tiny world's 8 "
-        "quick, 4 full; with --model 4)",
+        "quick and evidence, 4 full; with --model 4)",
     )
     parser.add_argument(
         "--skill-library", default=None, help="a family library folder (default: built)"
@@ -138,7 +151,12 @@ def _size_name(args: argparse.Namespace) -> str:
     """The size the report names: the tiny world's, or the recipe's."""
     if args.model:
         return f"recipe {args.recipe or 'defaults'}"
-    return "quick" if args.quick else "full"
+    return tiny_world_size(args)
+
+
+def tiny_world_size(args: argparse.Namespace) -> str:
+    """The tiny world's size of ``--size`` / ``--quick`` (full without either)."""
+    return args.size or "full"
 
 
 def _tiny_world_job(args: argparse.Namespace) -> Any:
@@ -146,13 +164,19 @@ def _tiny_world_job(args: argparse.Namespace) -> Any:
     base policy, games and library folders between methods."""
     if args.games or args.recipe or args.stage1_tasks:
         raise CommandError("--games, --recipe and --stage1-tasks need --model DIR")
-    module, name = TINY_WORLD_JOB.split(":")
-    run_default_job = getattr(importlib.import_module(module), name)
+    module_name, name = TINY_WORLD_JOB.split(":")
+    module = importlib.import_module(module_name)
+    run_default_job = getattr(module, name)
+    size = tiny_world_size(args)
+    try:
+        module.job_size(args.env, size)  # an environment without that size fails here
+    except ValueError as err:
+        raise CommandError(str(err)) from None
 
     def job(out: Path, method: str, seed: int) -> dict[str, Any]:
         return run_default_job(
             out / f"{method}-seed{seed}",
-            quick=args.quick,
+            size=size,
             seed=seed,
             algo=method,
             base_dir=out / f"base-seed{seed}",
@@ -169,8 +193,8 @@ def _tiny_world_job(args: argparse.Namespace) -> Any:
 
 def _named_model_job(args: argparse.Namespace) -> Any:
     """(out, method, seed) -> one job from ``--model`` on the tasks of ``--games``."""
-    if args.quick:
-        raise CommandError("--quick sizes the tiny world; with --model use --recipe")
+    if args.size:
+        raise CommandError("--size / --quick size the tiny world; with --model use --recipe")
     if not args.games:
         raise CommandError("--model needs --games DIR (a task folder with train, seen, unseen)")
     if not (Path(args.model) / "config.json").is_file():

@@ -79,6 +79,7 @@ def run_method_job(
     *,
     stage1_tasks: int,
     train_eval_episodes: int,
+    heldout_episodes: int = 0,
     facts: dict[str, Any],
     base_root: Path | None = None,
     library_dir: str | Path | None = None,
@@ -91,10 +92,11 @@ def run_method_job(
     the report (OUT/report.md, OUT/eval.json).
 
     ``stage1_tasks``: training tasks of Stage 1 and of the library's annotations;
-    ``train_eval_episodes``: sampled evaluation episodes per training task; ``base_root``:
-    where the base's evaluation is cached for the jobs that share it; ``library_dir``: where
-    the family skill library is built (default OUT/library), ``user_library``: a library
-    folder to use instead;
+    ``train_eval_episodes``: sampled evaluation episodes per training task;
+    ``heldout_episodes``: sampled episodes per seen and unseen task (0: one greedy);
+    ``base_root``: where the base's evaluation is cached for the jobs that share it;
+    ``library_dir``: where the family skill library is built (default OUT/library),
+    ``user_library``: a library folder to use instead;
     ``title``: the environment's name in the report (default its registry name);
     ``phases``: the job's phase lines, whose start is the job's (default: this method's
     phases, starting now)."""
@@ -128,8 +130,9 @@ def run_method_job(
             models[method.eval_skill_label] = (final, True)
         phases.start("evaluation")
         evaluations = evaluate_models(
-            out, models, games, train_eval_episodes, cfg, fleet, library, base_root
-        )
+            out, models, games, train_eval_episodes, cfg, fleet, library, base_root,
+            heldout_episodes,
+        )  # fmt: skip
     finally:
         fleet.close()
     (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
@@ -298,22 +301,25 @@ def evaluate_models(
     fleet: JobFleet,
     library: Path | None = None,
     base_root: Path | None = None,
+    heldout_episodes: int = 0,
 ) -> dict[str, Any]:
-    """Every model (label -> (folder, with the library's skill)): greedy on seen and unseen,
-    sampled (``train_episodes`` per game) on the training games; the skilled rows with each game's family skill in every
-    prompt (a family the library lacks plays without). The base's skill-free evaluation is
-    cached beside it (``base_root``), keyed by the games, for the jobs that share it."""
+    """Every model (label -> (folder, with the library's skill)): sampled at the rollout
+    temperature on the training games (``train_episodes`` per game) and, with
+    ``heldout_episodes``, on seen and unseen (that many per game; 0: greedy, one per game);
+    the skilled rows with each game's family skill in every prompt (a family the library
+    lacks plays without). The base's skill-free evaluation is cached beside it
+    (``base_root``), keyed by the games and episodes, for the jobs that share it."""
     from megatron_seed.pipeline.evaluate import evaluate_policies
     from megatron_seed.skills.library import SkillLibrary
 
     evaluations = _progress(out).get("evaluate") or {}
-    key = _games_key(games, train_episodes)
+    key = _games_key(games, train_episodes, heldout_episodes)
     cache = base_root / f"eval-{key}.json" if base_root else None
     base_label = BASE_LABEL
     if base_label not in evaluations and cache is not None and cache.is_file():
         evaluations[base_label] = json.loads(cache.read_text())
     splits = {"seen": games["seen"], "unseen": games["unseen"], "train": games["train"]}
-    sampled = {"train": (cfg.rollout.temperature, train_episodes, EVAL_SEED)}
+    sampled = evaluation_draws(cfg.rollout.temperature, train_episodes, heldout_episodes)
     for skilled in (False, True):
         todo = [n for n, (_, sk) in models.items() if sk == skilled and n not in evaluations]
         if not todo:
@@ -339,11 +345,29 @@ def evaluate_models(
     return {name: evaluations[name] for name in models}
 
 
-def _games_key(games: dict[str, list[str]], episodes: int) -> str:
-    """A short digest of the evaluation's games and sampled episodes per training game (the
-    base's cached evaluation is theirs)."""
+def evaluation_draws(
+    temperature: float, train_episodes: int, heldout_episodes: int = 0
+) -> dict[str, tuple[float, int, int]]:
+    """`evaluate_policies`' ``sampled``: split -> (temperature, episodes per game, seed) for
+    the splits played sampled; a split it lacks (held-out without ``heldout_episodes``) is
+    played greedily, one episode per game."""
+    if train_episodes < 1 or heldout_episodes < 0:
+        raise ValueError(
+            f"need train_episodes >= 1 and heldout_episodes >= 0, got {train_episodes} "
+            f"and {heldout_episodes}"
+        )
+    draws = {"train": (temperature, train_episodes, EVAL_SEED)}
+    if heldout_episodes:
+        draws |= {s: (temperature, heldout_episodes, EVAL_SEED) for s in ("seen", "unseen")}
+    return draws
+
+
+def _games_key(games: dict[str, list[str]], episodes: int, heldout: int = 0) -> str:
+    """A short digest of the evaluation's games and sampled episodes per training and per
+    held-out game (the base's cached evaluation is theirs; with greedy held-out games the
+    key is what it was before held-out sampling, so earlier caches still match)."""
     import hashlib
 
     names = {k: [Path(g).name for g in v] for k, v in sorted(games.items())}
-    text = json.dumps({**names, "episodes": episodes})
+    text = json.dumps({**names, "episodes": episodes} | ({"heldout": heldout} if heldout else {}))
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -1,9 +1,10 @@
-"""`seed run [--quick] [--env NAME] [--out DIR] [--seed S] [--algo A] [--updates N]
-[--eval-episodes N]`: the default job.
+"""`seed run [--size full|quick|evidence | --quick] [--env NAME] [--out DIR] [--seed S]
+[--algo A] [--updates N] [--eval-episodes N]`: the default job.
 
 `--env`: alfworld (default), search (search-based QA), sokoban or webshop; each brings its task
-generator, base policy and sizes (`testbed.profiles`). `--algo`: seed (default) or any method
-of `megatron_seed.methods` (the paper's Table 1 rows, its Table 2 ablations, seed-replay).
+generator, base policy and sizes (`testbed.profiles`; `--size evidence`: ALFWorld only).
+`--algo`: seed (default) or any method of `megatron_seed.methods` (the paper's Table 1 rows,
+its Table 2 ablations, seed-replay).
 
 Everything goes under one output folder; re-running the same command resumes.
 """
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_seed.compare.commands import add_job_arguments
-from megatron_seed.errors import output_dir
+from megatron_seed.compare.commands import add_job_arguments, tiny_world_size
+from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.methods import METHODS
 from megatron_seed.testbed import ENV
 from megatron_seed.testbed.profiles import PROFILES
@@ -28,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         default=None,
-        help="output folder (default runs/default[-quick]; other envs: runs/ENV[-quick])",
+        help="output folder (default runs/default[-SIZE]; other envs: runs/ENV[-SIZE]; no "
+        "suffix for full)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the games, the base policy and training"
@@ -40,13 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run or resume the default job."""
-    from megatron_seed.testbed.default_job import run_default_job
+    from megatron_seed.testbed.default_job import job_size, run_default_job
 
-    default = PROFILES[args.env].run_dir + ("-quick" if args.quick else "")
+    size = tiny_world_size(args)
+    try:
+        job_size(args.env, size)  # a size the environment lacks fails before anything runs
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    default = PROFILES[args.env].run_dir + ("" if size == "full" else f"-{size}")
     out = output_dir(args.out or default)
     run_default_job(
         out,
-        quick=args.quick,
+        size=size,
         seed=args.seed,
         algo=args.algo,
         env=args.env,

@@ -1,4 +1,4 @@
-"""The default job: SEED end to end on one CPU machine (`seed run [--quick] [--env NAME]`).
+"""The default job: SEED end to end on one CPU machine (`seed run [--size S] [--env NAME]`).
 
 The tiny world's games and base policy are made here; the phases from `library` on are one
 `megatron_seed.compare.job` (each resumable: a finished phase is recorded in
@@ -12,8 +12,8 @@ OUT/progress.json and skipped on a rerun; Stage 2 resumes from its own checkpoin
   annotate Stage 1: the environment's oracle analyzer -> skills; invalid ones dropped
   sft      Stage 1: NLL on the skill answers -> theta_sft (actor and analyzer)
   stage2   Stage 2: SEED (or GRPO) updates with the fleet and the Megatron trainer
-  evaluate episodes without skills: greedy on seen and unseen games, sampled (the rollout
-           temperature, fixed seed) on the training games
+  evaluate episodes without skills: sampled (the rollout temperature, fixed seed) on the
+           training games; greedy on seen and unseen games (EVIDENCE: sampled too)
   report   OUT/report.md (Table-1 layout), OUT/curves.png, OUT/eval.json
 
 `--algo` picks the method (`megatron_seed.methods`): SEED, or any row of the paper's Table 1
@@ -27,10 +27,12 @@ the library's skill for Skill-Prompt*).
 
 `job_config` is the job's recipe (`megatron_seed.recipes`: `default`, `default-quick`; it
 states only what differs from the paper's defaults, and why) for one method, seed and
-environment. The environment (`--env`: alfworld, search, sokoban, webshop) brings its rollout budgets
-(under the recipe) and, from `testbed.profiles`, its sizes and the tiny policy's limits. ALFWorld's sizes: FULL (all six families, 16 training
-games, a base cloned on 200 games) and QUICK (Pick only, 6 training games, a base cloned on
-those 6 games alone: too little compute for it to play unseen games).
+environment. The environment (`--env`: alfworld, search, sokoban, webshop) brings its
+rollout budgets (under the recipe) and, from `testbed.profiles`, its sizes and the tiny
+policy's limits. ALFWorld's sizes: FULL (all six families, 16 training games, a base cloned
+on 200 games), QUICK (Pick only, 6 training games, a base cloned on those 6 games alone: too
+little compute for it to play unseen games) and EVIDENCE (QUICK with 24 training games, all
+cloned, and 24 seen and 24 unseen games sampled 4 times each).
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ def job_config(
     return dataclasses.replace(cfg, rollout=rollout, env=env_cfg, seed=seed)
 
 
+def job_size(env: str, size: str) -> JobSize:
+    """``env``'s job size called ``size``; a one-line error for an unknown environment or a
+    size it lacks (only ALFWorld has ``evidence``)."""
+    return profile(env).size(size)
+
+
 def _games(root: Path, size: JobSize, seed: int, env_name: str) -> dict[str, list[str]]:
     """The job's games (generated once; ``root/done`` marks a finished set)."""
     from megatron_seed.progress import LiveBar
@@ -98,7 +106,7 @@ def _games(root: Path, size: JobSize, seed: int, env_name: str) -> dict[str, lis
 
 def run_default_job(
     out_dir: str | Path,
-    quick: bool = False,
+    size: str = "full",
     seed: int = 0,
     algo: str = "seed",
     base_dir: str | Path | None = None,
@@ -109,9 +117,10 @@ def run_default_job(
     updates: int | None = None,
     eval_episodes: int | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the whole job on ``env``; returns the evaluations and facts of the
-    report. ``updates``: Stage-2 updates instead of the recipe's; ``eval_episodes``: sampled
-    evaluation episodes per training game instead of the size's.
+    """Run (or resume) the whole job on ``env`` at size ``size`` (`testbed.profiles`: full,
+    quick, evidence); returns the evaluations and facts of the report. ``updates``: Stage-2
+    updates instead of the recipe's; ``eval_episodes``: sampled evaluation episodes per
+    training game instead of the size's.
 
     ``base_dir`` / ``games_dir`` / ``library_dir`` (default under ``out_dir``): where the base
     policy (with its cached evaluation), the games and the family skill library built from
@@ -121,17 +130,17 @@ def run_default_job(
     from megatron_seed.testbed.base_policy import build_base_policy, read_manifest
 
     method_of(algo)  # an unknown name fails before anything runs
-    size = profile(env).size(quick)
+    sizing = job_size(env, size)  # so does a size the environment lacks
     if eval_episodes is not None:
-        size = dataclasses.replace(size, train_eval_episodes=eval_episodes)
+        sizing = dataclasses.replace(sizing, train_eval_episodes=eval_episodes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = job_config(size, algo, seed, env, updates)
+    cfg = job_config(sizing, algo, seed, env, updates)
     own = method_phases(method_of(algo), user_library is not None)
     phases = Phases(["games", "base policy", *own])
     phases.start("games")
     games_root = Path(games_dir or out / "games")
-    games = _games(games_root, size, seed, env)
+    games = _games(games_root, sizing, seed, env)
     print(
         f"[games] train {len(games['train'])}, seen {len(games['seen'])}, "
         f"unseen {len(games['unseen'])}"
@@ -140,14 +149,15 @@ def run_default_job(
     phases.start("base policy")
     # the Stage-2 training games are among the base policy's behaviour-cloning games
     base = build_base_policy(
-        base_root, quick=quick, seed=seed, games_dir=games_root, measure=False, env=env
+        base_root, size=size, seed=seed, games_dir=games_root, measure=False, env=env
     )
-    facts: dict[str, Any] = {"environment": env, "size": size.name, "algorithm": algo}
+    facts: dict[str, Any] = {"environment": env, "size": sizing.name, "algorithm": algo}
     facts["seed"] = seed
     facts["base_policy"] = _base_facts(read_manifest(base_root))
-    sizes = {"stage1_tasks": size.stage1_tasks, "train_eval_episodes": size.train_eval_episodes}
     return run_method_job(
-        out, base, games, cfg, algo, **sizes, facts=facts, base_root=base_root,
+        out, base, games, cfg, algo, stage1_tasks=sizing.stage1_tasks,
+        train_eval_episodes=sizing.train_eval_episodes,
+        heldout_episodes=sizing.heldout_episodes, facts=facts, base_root=base_root,
         library_dir=library_dir, user_library=user_library, title=profile(env).title,
         phases=phases,
     )  # fmt: skip

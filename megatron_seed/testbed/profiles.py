@@ -6,7 +6,12 @@ tiny base policy can learn, how long an episode may be and how long a reply. Tho
 live here, one `EnvProfile` per environment, so that `seed run --env NAME`, `seed compare`
 and the base-policy builder read them from one place.
 
-- ``alfworld``: the paper's main environment (small rooms; QUICK plays Pick only).
+Sizes (`SIZES`): ``full``, ``quick`` and, for ALFWorld, ``evidence``: the quick world with
+4x the training games and held-out games sampled like the training games, the design of
+`docs/results.md`'s power section (a method's outcome should not ride on which of 6 games
+it learns).
+
+- ``alfworld``: the paper's main environment (small rooms; QUICK and EVIDENCE play Pick only).
 - ``search``: search-based QA over a generated encyclopedia (at most 4 turns).
 - ``sokoban``: one box on a 6x6 grid (at most 15 moves).
 - ``webshop``: shopping over a generated catalogue (at most 15 actions).
@@ -29,6 +34,9 @@ class JobSize:
     stage1_tasks: int
     train_eval_episodes: int  # sampled episodes per training game at evaluation
     families: tuple[str, ...] = ()  # task families of the games; () = all of them
+    # sampled episodes per held-out (seen, unseen) game at the rollout temperature; 0: one
+    # greedy episode per game
+    heldout_episodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,8 @@ class EnvProfile:
     task_options: keyword options of the environment's ``generate_tasks`` for every set of
         tasks the test bed writes (the job's and the base policy's).
     rollout: `RolloutConfig` fields that differ from the default job's recipe.
-    base_quick / base_full: `BasePolicySettings` fields that differ from its defaults.
+    base_quick / base_full / base_evidence: `BasePolicySettings` fields that differ from its
+        defaults, per size.
     """
 
     env: str
@@ -50,11 +59,27 @@ class EnvProfile:
     rollout: dict[str, Any] = field(default_factory=dict)
     base_quick: dict[str, Any] = field(default_factory=dict)
     base_full: dict[str, Any] = field(default_factory=dict)
-    run_dir: str = ""  # `seed run`'s default output folder (quick: "-quick" appended)
+    run_dir: str = ""  # `seed run`'s default output folder (other sizes: "-SIZE" appended)
+    evidence: JobSize | None = None  # None: the environment has no EVIDENCE size
+    base_evidence: dict[str, Any] = field(default_factory=dict)
 
-    def size(self, quick: bool) -> JobSize:
-        """The QUICK or FULL size."""
-        return self.quick if quick else self.full
+    @property
+    def sizes(self) -> tuple[str, ...]:
+        """The names of the sizes this environment has."""
+        return tuple(s for s in SIZES if getattr(self, s) is not None)
+
+    def size(self, name: str) -> JobSize:
+        """The size called ``name``; a one-line error naming the environment's sizes."""
+        if name not in self.sizes:
+            raise ValueError(
+                f"{self.title} has no {name!r} size; choose from {', '.join(self.sizes)}"
+            )
+        return getattr(self, name)
+
+    def base_settings(self, size: str) -> dict[str, Any]:
+        """`BasePolicySettings` fields of the base policy of size ``size``."""
+        self.size(size)  # an unknown size fails here
+        return getattr(self, f"base_{size}")
 
     def generate_options(self, families: tuple[str, ...] = ()) -> dict[str, Any]:
         """``generate_tasks`` options for tasks of ``families`` (() = all)."""
@@ -75,6 +100,26 @@ _QUICK_BASE: dict[str, Any] = dict(
     train_steps=200,
 )
 
+SIZES = ("full", "quick", "evidence")  # `seed run` / `seed compare --size`
+
+# ALFWorld's EVIDENCE size: QUICK's world and recipe with 4x the games (24 training games,
+# every update still 2 tasks x 8 episodes), every number from sampled episodes: 24 x 8 on the
+# training games, 24 x 4 on each held-out split (docs/results.md, "Power")
+_EVIDENCE = JobSize(
+    "evidence",
+    "default-quick",
+    n_train=24,
+    n_eval=24,
+    stage1_tasks=24,
+    train_eval_episodes=8,
+    families=("pick",),
+    heldout_episodes=4,
+)
+# its base policy clones every one of the 24 training games (a clone of 6 would play the
+# other 18 as it plays unseen games: never); 4x the steps, so that each game's
+# demonstrations are seen as often as by QUICK's clone
+_EVIDENCE_BASE = {**_QUICK_BASE, "n_train_games": 24, "train_steps": 800, "families": ("pick",)}
+
 ALFWORLD = EnvProfile(
     env="alfworld",
     title="ALFWorld",
@@ -93,6 +138,8 @@ ALFWORLD = EnvProfile(
     family_option="families",
     base_quick={**_QUICK_BASE, "families": ("pick",)},
     run_dir="runs/default",
+    evidence=_EVIDENCE,
+    base_evidence=_EVIDENCE_BASE,
 )
 
 SEARCH = EnvProfile(

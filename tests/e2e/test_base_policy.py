@@ -17,7 +17,7 @@ from megatron_seed.testbed.base_policy import (
     read_manifest,
 )
 
-QUICK = BasePolicySettings.for_run(quick=True, seed=0)  # `seed run --quick`'s
+QUICK = BasePolicySettings.for_run("quick", seed=0)  # `seed run --quick`'s
 
 
 @pytest.fixture(scope="module")

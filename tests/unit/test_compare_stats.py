@@ -149,3 +149,38 @@ def test_compare_runs_a_named_model_recipe_and_environment(tmp_path, monkeypatch
         in (out / "compare.md").read_text()
     )
     assert main(["compare", "--model", str(model), "--games", str(tmp_path / "none")]) == 2
+
+
+def test_compare_and_run_pick_the_tiny_worlds_size(tmp_path, monkeypatch):
+    """`--size full|quick|evidence` (`--quick` = `--size quick`, full without either) reaches
+    every job of `seed compare` and `seed run` (whose default folder names it); a size the
+    environment lacks or two size flags are one-line errors before anything runs."""
+    from megatron_seed.cli import main
+    from megatron_seed.testbed import default_job
+
+    sizes = []
+
+    def fake_job(out, size="full", **kw):
+        sizes.append((size, out.name))
+        split = {"macro_avg": 0.5, "episodes": 8, "per_family": {"pick": 0.5}}
+        split["per_family_episodes"] = {"pick": 8}
+        evals = {"Base (Vanilla)": {s: split for s in ("seen", "unseen", "train")}}
+        return {"evaluations": {**evals, "GRPO": evals["Base (Vanilla)"]}, "facts": {}}
+
+    monkeypatch.setattr(default_job, "run_default_job", fake_job)
+    monkeypatch.chdir(tmp_path)
+    compare = ["compare", "--methods", "grpo", "--seeds", "0", "--out", "cmp"]
+    assert main([*compare, "--size", "evidence"]) == 0
+    assert "(evidence size, seeds [0])" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert main([*compare, "--quick"]) == main(compare) == 0
+    assert main(["run", "--size", "evidence", "--algo", "grpo"]) == 0
+    assert main(["run", "--quick"]) == main(["run"]) == 0
+    assert sizes == [
+        ("evidence", "grpo-seed0"), ("quick", "grpo-seed0"), ("full", "grpo-seed0"),
+        ("evidence", "default-evidence"), ("quick", "default-quick"), ("full", "default"),
+    ]  # fmt: skip
+    assert main([*compare, "--quick", "--size", "full"]) == 2
+    assert main([*compare, "--env", "sokoban", "--size", "evidence"]) == 2
+    assert main(["run", "--env", "search", "--size", "evidence"]) == 2
+    assert main(["compare", "--model", "m", "--games", "g", "--size", "quick"]) == 2
+    assert len(sizes) == 6

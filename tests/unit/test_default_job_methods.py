@@ -1,7 +1,9 @@
-"""The default job's methods (`megatron_seed.methods` applied to its recipe), the fixed-skill
-analyze phase, and `seed compare`'s time table."""
+"""The default job's methods (`megatron_seed.methods` applied to its recipe) and sizes, the
+fixed-skill analyze phase, the evaluation's draws and `seed compare`'s time table."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -65,12 +67,12 @@ def test_each_environment_brings_its_sizes_and_limits():
         "max_steps": 15, "max_response_tokens": 24, "history_window": 2}}
     ) == job_config(QUICK, "grpo", seed=2)  # fmt: skip
     assert job_config(profile("sokoban").quick, env="sokoban").rollout.max_steps == 15
-    quick = BasePolicySettings.for_run(quick=True, seed=4)
+    quick = BasePolicySettings.for_run("quick", seed=4)
     assert (quick.env, quick.n_train_games, quick.families, quick.train_steps) == (
         "alfworld", 6, ("pick",), 200,
     )  # fmt: skip
-    assert BasePolicySettings.for_run(quick=False, seed=4) == BasePolicySettings(seed=4)
-    assert BasePolicySettings.for_run(quick=True, seed=1, env="sokoban").env == "sokoban"
+    assert BasePolicySettings.for_run("full", seed=4) == BasePolicySettings(seed=4)
+    assert BasePolicySettings.for_run("quick", seed=1, env="sokoban").env == "sokoban"
     assert profile("alfworld").generate_options(("pick",)) == {
         "room": (4, 1), "handcoded": False, "workers": 2, "families": ["pick"],
     }  # fmt: skip
@@ -127,3 +129,97 @@ def test_the_job_announces_each_phase_out_of_its_total(capsys):
     assert [ln.split(" (")[0] for ln in lines] == ["[phase 1/4] games", "[phase 3/4] evaluation"]
     with pytest.raises(ValueError):
         phases.start("games")  # phases run in order
+
+
+def test_the_evidence_size_is_quick_with_four_times_the_games_all_sampled():
+    """`--size evidence` (docs/results.md, "Power"): QUICK's recipe, world and updates with
+    24 training games evaluated 8 times each, 24 seen and 24 unseen games sampled 4 times
+    each; its base policy clones all 24 training games (QUICK's clones its 6)."""
+    from megatron_seed.compare.commands import TINY_WORLD_SIZES
+    from megatron_seed.testbed.base_policy import BasePolicySettings
+    from megatron_seed.testbed.profiles import ALFWORLD, PROFILES, SIZES, JobSize, profile
+
+    evidence = ALFWORLD.size("evidence")
+    assert evidence == JobSize(
+        "evidence", "default-quick", n_train=24, n_eval=24, stage1_tasks=24,
+        train_eval_episodes=8, families=("pick",), heldout_episodes=4,
+    )  # fmt: skip
+    assert QUICK.heldout_episodes == 0 and ALFWORLD.size("full").heldout_episodes == 0
+    assert job_config(evidence, "seed", seed=1) == job_config(QUICK, "seed", seed=1)
+    base = BasePolicySettings.for_run("evidence", seed=1)
+    quick_base = BasePolicySettings.for_run("quick", seed=1)
+    assert base.n_train_games == evidence.n_train and base.families == evidence.families
+    assert quick_base.n_train_games == QUICK.n_train
+    # the same passes over each game's demonstrations as QUICK's clone; nothing else differs
+    assert base.train_steps == 4 * quick_base.train_steps
+    assert base == dataclasses.replace(quick_base, n_train_games=24, train_steps=800)
+    assert SIZES == TINY_WORLD_SIZES == ALFWORLD.sizes  # `--size`'s choices are the sizes
+    assert all(PROFILES[e].sizes == ("full", "quick") for e in ("search", "sokoban", "webshop"))
+    with pytest.raises(ValueError, match="Sokoban has no 'evidence' size; choose from full"):
+        profile("sokoban").size("evidence")
+    with pytest.raises(ValueError, match="no 'tiny' size"):
+        BasePolicySettings.for_run("tiny", seed=0)
+
+
+def test_the_job_passes_its_size_to_the_base_policy_and_the_evaluation(tmp_path, monkeypatch):
+    """`run_default_job(size=...)`: the base policy of that size, the size's games, Stage-1
+    tasks and sampled episodes per training and held-out game reach the method's job."""
+    import megatron_seed.testbed.base_policy as base_policy
+    from megatron_seed.testbed import default_job
+
+    seen: dict = {}
+    monkeypatch.setattr(default_job, "_games", lambda root, size, seed, env: seen.update(
+        games=size) or {"train": ["t"], "seen": ["s"], "unseen": ["u"]})  # fmt: skip
+    monkeypatch.setattr(base_policy, "build_base_policy", lambda root, **kw: seen.update(
+        base=kw) or tmp_path / "model")  # fmt: skip
+    monkeypatch.setattr(base_policy, "read_manifest", lambda root: {})
+    monkeypatch.setattr(default_job, "run_method_job", lambda *a, **kw: seen.update(job=kw))
+    default_job.run_default_job(tmp_path / "out", size="evidence", algo="grpo", seed=2)
+    assert seen["games"].n_train == 24 and seen["base"]["size"] == "evidence"
+    job = seen["job"]
+    assert (job["stage1_tasks"], job["train_eval_episodes"], job["heldout_episodes"]) == (24, 8, 4)
+    assert job["facts"]["size"] == "evidence"
+    default_job.run_default_job(tmp_path / "out", size="quick", eval_episodes=3)
+    assert seen["base"]["size"] == "quick" and seen["job"]["heldout_episodes"] == 0
+    assert seen["job"]["train_eval_episodes"] == 3
+    with pytest.raises(ValueError, match="WebShop has no 'evidence' size"):
+        default_job.run_default_job(tmp_path / "w", size="evidence", env="webshop")
+
+
+def test_held_out_games_are_sampled_like_training_games_when_the_size_says_so(
+    tmp_path, monkeypatch
+):
+    """`evaluate_models`: with held-out episodes every split plays at the rollout
+    temperature with the same evaluation seed (greedy seen/unseen otherwise), and the base's
+    cached evaluation is keyed by them (a greedy evaluation is never reused for a sampled
+    one)."""
+    import megatron_seed.pipeline.evaluate as evaluate
+    from megatron_seed.compare.job import EVAL_SEED, _games_key, evaluate_models, evaluation_draws
+
+    t = job_config(QUICK).rollout.temperature
+    assert evaluation_draws(t, 8) == {"train": (t, 8, EVAL_SEED)}
+    assert evaluation_draws(t, 8, 4) == {
+        "train": (t, 8, EVAL_SEED), "seen": (t, 4, EVAL_SEED), "unseen": (t, 4, EVAL_SEED),
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="heldout_episodes >= 0"):
+        evaluation_draws(t, 8, -1)
+    calls = []
+
+    def fake_evaluate(models, splits, cfg, sampled=None, fleet=None, skills=None):
+        calls.append(sampled)
+        return [{s: {"macro_avg": 0.5} for s in splits} for _ in models]
+
+    monkeypatch.setattr(evaluate, "evaluate_policies", fake_evaluate)
+
+    class Fleet:
+        def get(self):
+            return None
+
+    games = {"train": ["a", "b"], "seen": ["c"], "unseen": ["d"]}
+    models = {"Base (Vanilla)": (tmp_path, False)}
+    for heldout, out in ((4, tmp_path / "sampled"), (0, tmp_path / "greedy")):
+        out.mkdir()
+        evaluate_models(out, models, games, 8, job_config(QUICK), Fleet(), None, tmp_path, heldout)
+    assert calls == [evaluation_draws(t, 8, 4), evaluation_draws(t, 8)]
+    assert _games_key(games, 8, 4) != _games_key(games, 8) == _games_key(games, 8, 0)
+    assert len(list(tmp_path.glob("eval-*.json"))) == 2  # one cached base evaluation each

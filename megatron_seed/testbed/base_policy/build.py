@@ -100,7 +100,7 @@ def read_manifest(out_dir: str | Path) -> dict[str, Any]:
 def build_base_policy(
     out_dir: str | Path,
     *,
-    quick: bool = False,
+    size: str = "full",
     seed: int = 0,
     games_dir: str | Path | None = None,
     progress: bool = True,
@@ -113,10 +113,11 @@ def build_base_policy(
     ``games_dir``: training (``train``) and held-out (``seen``) games to use first; missing
     ones are generated inside the build. ``measure``: also play the held-out
     games with vLLM, without and with the plan as a hint (``manifest.json`` -> ``measured``).
-    ``settings``: explicit settings (tests, experiments) instead of ``quick``, ``seed`` and
-    ``env`` (the environment whose demonstrations are cloned).
+    ``settings``: explicit settings (tests, experiments) instead of ``size`` (a
+    `testbed.profiles` size), ``seed`` and ``env`` (the environment whose demonstrations are
+    cloned).
     """
-    settings = settings or BasePolicySettings.for_run(quick, seed, env)
+    settings = settings or BasePolicySettings.for_run(size, seed, env)
     settings.check()
     out = Path(out_dir)
     games_root = Path(games_dir) if games_dir is not None else None

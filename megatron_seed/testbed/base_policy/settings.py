@@ -53,13 +53,12 @@ class BasePolicySettings:
     seed: int = 0
 
     @classmethod
-    def for_run(cls, quick: bool, seed: int, env: str = ENV) -> BasePolicySettings:
-        """The full default, or the ``--quick`` variant (about a minute), of ``env``'s base
-        policy (its `testbed.profiles` entry says what differs from the defaults)."""
+    def for_run(cls, size: str, seed: int, env: str = ENV) -> BasePolicySettings:
+        """``env``'s base policy for the job size ``size`` (full, quick: about a minute,
+        evidence; its `testbed.profiles` entry says what differs from the defaults)."""
         from megatron_seed.testbed.profiles import profile
 
-        p = profile(env)
-        return cls(env=env, seed=seed, **(p.base_quick if quick else p.base_full))
+        return cls(env=env, seed=seed, **profile(env).base_settings(size))
 
     @property
     def rendering(self) -> Rendering:
