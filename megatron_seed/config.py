@@ -158,6 +158,12 @@ class AlgoConfig(_Checked):
     # layers) over the real tokens of each micro-batch. Off by default, as RL trainers run
     # MoE models
     moe_aux_loss: float = _range(0.0, 0.0)
+    # Mixture-of-experts models: rollout routing replay (R3). After the rollouts the engines
+    # report the experts each MoE layer picked for every token of every student and teacher
+    # sequence, and every trainer pass over them routes those tokens there
+    # (`models.routing_replay`). Off: the routes are still read back, and the share of
+    # scored tokens on which the trainer's routers agree with them is logged
+    routing_replay: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -339,6 +345,11 @@ class SeedConfig(_Checked):
             raise ConfigError(
                 "rollout.one_step_off plays the next update while this one trains: the "
                 "engines cannot share the trainer's GPUs (fleet.colocate)"
+            )
+        if self.algo.routing_replay and self.rollout.one_step_off:
+            raise ConfigError(
+                "algo.routing_replay reads the routes back from the engines that played the "
+                "episodes, and with rollout.one_step_off they hold newer weights by then"
             )
 
     def to_dict(self) -> dict[str, Any]:

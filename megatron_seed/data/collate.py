@@ -23,10 +23,12 @@ import torch
 
 from megatron_seed.data.sequences import TokenSequence
 
+NO_ROUTE = -1  # `TokenBatch.routes` of a token with none given: its router picks freely
+
 
 @dataclass
 class TokenBatch:
-    """A padded batch; every tensor is [b, s] except `lengths` ([b])."""
+    """A padded batch; every tensor is [b, s] except `lengths` ([b]) and `routes`."""
 
     input_ids: torch.Tensor  # [b, s] int64, right-padded with pad_id
     labels: torch.Tensor  # [b, s] int64, input_ids shifted left by one
@@ -36,6 +38,9 @@ class TokenBatch:
     attention_mask: torch.Tensor  # [b, s] bool, True on real (unpadded) input tokens
     position_ids: torch.Tensor  # [b, s] int64, 0 .. s-1 per row
     lengths: torch.Tensor  # [b] int64, unpadded lengths
+    # a mixture-of-experts model's routes, when the engine reported them: the experts each
+    # MoE layer picked for each input token ([b, s, layers, k] int16; NO_ROUTE: not given)
+    routes: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -100,15 +100,25 @@ def run_schedule(
     check_seq_multiple(config, s)
     config.calculate_per_token_loss = True
     fb = get_forward_backward_func()
-    return fb(
-        forward_step_func=make_forward_step(loss_fn),
-        data_iterator=iter(batches),
-        model=[model],
-        num_microbatches=len(batches),
-        seq_length=s,
-        micro_batch_size=b,
-        forward_only=forward_only,
-    )
+    replay = _routes_of(model) if "routes" in batches[0] else None
+    if replay is not None:
+        replay.reset()
+    try:
+        logs = fb(
+            forward_step_func=make_forward_step(loss_fn),
+            data_iterator=iter(batches),
+            model=[model],
+            num_microbatches=len(batches),
+            seq_length=s,
+            micro_batch_size=b,
+            forward_only=forward_only,
+        )
+        if replay is not None:
+            replay.check_drained()
+        return logs
+    finally:
+        if replay is not None:
+            replay.reset()
 
 
 def token_multiple(config: Any) -> int:
@@ -142,10 +152,20 @@ def make_forward_step(
     loss_fn: Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict]],
 ) -> Callable[[Iterator, Any], tuple[torch.Tensor, Callable]]:
     """The schedule's `forward_step`: the next micro-batch, moved to the model's device (the
-    one place where batches leave the CPU), through the model; `loss_fn` sees it there too."""
+    one place where batches leave the CPU), through the model; `loss_fn` sees it there too.
+    A micro-batch's `routes` (`[b, s, layers, k]`, mixture-of-experts models) go to the
+    model's routers first (`models.routing_replay`)."""
 
     def forward_step(data_iterator: Iterator, model_chunk: Any) -> tuple[torch.Tensor, Callable]:
-        batch = to_device(next(data_iterator))
+        batch = next(data_iterator)
+        if "routes" in batch:
+            replay = _routes_of(model_chunk)
+            if replay is None:
+                raise ValueError("a micro-batch with routes needs a model with routing replay")
+            config = _unwrap(model_chunk).config
+            recompute = model_chunk.training and config.recompute_granularity == "full"
+            replay.feed(batch, recompute)  # on the CPU: the routers move their own slices
+        batch = to_device(batch)
         output = model_forward(model_chunk, batch)
 
         def loss_func(nll: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -177,6 +197,19 @@ def _unwrap(model: Any) -> Any:
     return getattr(model, "module", model)
 
 
+def _tail(key: str, v: torch.Tensor, n: int) -> torch.Tensor:
+    """`n` columns of right padding for `[b, s, ...]` tensor `v`: its last column repeated,
+    except for the `scored` mask (False)."""
+    tail = v[:, -1:].expand(v.shape[0], n, *v.shape[2:])
+    return torch.zeros_like(tail) if key == "scored" else tail
+
+
+def _routes_of(model: Any) -> Any:
+    from megatron_seed.models.routing_replay import routes_of
+
+    return routes_of(model)
+
+
 def _logprob_loss(batch: dict[str, torch.Tensor], nll: torch.Tensor) -> tuple[torch.Tensor, dict]:
     # nll: [b, s]
     return nll.sum() * 0.0, {"logprobs": -nll.detach().float()}
@@ -206,11 +239,17 @@ def _device() -> torch.device:
 
 
 @torch.no_grad()
-def token_logprobs(model: Any, input_ids: torch.Tensor, micro_batch_size: int = 1) -> torch.Tensor:
+def token_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    micro_batch_size: int = 1,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Per-token log-probs `[b, s]` of `input_ids` (`[b, s]`, identical on every TP rank).
 
     Position i holds log p(input_ids[i+1] | input_ids[:i+1]); position s-1 holds 0. Every
-    rank of the model-parallel group must call this; all get the result.
+    rank of the model-parallel group must call this; all get the result. `extra`: more
+    `[b, s, ...]` tensors for the micro-batches (`routes`, `scored`).
     """
     from megatron.core import parallel_state as ps
 
@@ -220,10 +259,9 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, micro_batch_size: int = 
     labels = shifted_labels(input_ids)
     block = token_multiple(_unwrap(model).config)
     padded = -(-s // block) * block  # right padding: causal, earlier positions unchanged
-    if padded != s:
-        fill = input_ids[:, -1:].expand(b, padded - s)
-        input_ids, labels = torch.cat([input_ids, fill], 1), torch.cat([labels, fill], 1)
-    batch = {"input_ids": input_ids, "labels": labels}
+    batch = {"input_ids": input_ids, "labels": labels, **(extra or {})}
+    if padded != s:  # the last token repeated (its route too); nothing scored there
+        batch = {k: torch.cat([v, _tail(k, v, padded - s)], 1) for k, v in batch.items()}
     logs = run_schedule(model, micro_batches(batch, micro_batch_size), _logprob_loss, True)
     out = None
     if ps.is_pipeline_last_stage():

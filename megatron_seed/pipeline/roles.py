@@ -27,6 +27,7 @@ from megatron_seed.progress import LiveBar
 
 if TYPE_CHECKING:
     from megatron_seed.pipeline.stage2 import Run, Stage2Job
+    from megatron_seed.train.batch import PolicyBatch
 
 PREEMPTED = "preempted.json"  # the note a preempted run leaves in its output folder
 
@@ -113,6 +114,9 @@ class Follower:
     def refit_verdict(self, ids: list[int], reference: list[float], precision: str) -> Any:
         """Rank 0 compares the engines with the trainer (its verdict is broadcast)."""
         return {}
+
+    def routes(self, pb: PolicyBatch) -> None:
+        """Rank 0 reads the routes back from the engines (its answer is broadcast)."""
 
     def stale_pairs(self, run: Run, records: list[TrajectoryRecord] | None) -> None:
         """Rank 0 re-analyses (`pipeline.one_step_off.staleness`)."""
@@ -283,6 +287,17 @@ class Leader(Follower):
             return check_refit(reference, per_engine, tol)
         except RefitError as err:
             return str(err)
+
+    def routes(self, pb: PolicyBatch) -> tuple[list[Any], list[Any]]:
+        """The engines' routes (`Fleet.routes`) of every student and every teacher row."""
+
+        def rows(batch: Any) -> list[list[int]]:
+            if batch is None:
+                return []
+            n = batch.lengths.tolist()
+            return [ids[:k] for ids, k in zip(batch.input_ids.tolist(), n, strict=True)]
+
+        return self.fleet.routes(rows(pb.student)), self.fleet.routes(rows(pb.teacher))
 
     def sleep(self) -> None:
         """The engines let their GPU memory go (colocation)."""

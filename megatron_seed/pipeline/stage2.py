@@ -51,7 +51,7 @@ from megatron_seed.pipeline.preemption import preemption
 from megatron_seed.pipeline.replay import replay_batch, replay_pool
 from megatron_seed.pipeline.roles import Follower, Leader, Played, Slot
 from megatron_seed.rollout.refit import RefitError, probe_ids
-from megatron_seed.train.batch import build_policy_batch
+from megatron_seed.train.batch import PolicyBatch, build_policy_batch, with_routes
 from megatron_seed.train.checkpoint import (
     export_hf,
     latest_checkpoint,
@@ -107,9 +107,10 @@ def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dic
     change hands around them (`pipeline.colocation`)."""
     colocate = run.cfg.fleet.colocate
     metrics: dict[str, float] = {}
+    pb = policy_batch(run, records, timer)  # engines still hold the weights that played
     handover = trainer_turn(run.side, run.trainer) if colocate else contextlib.nullcontext()
     with handover, timer.time("train"):
-        metrics.update(train(run, records))
+        metrics.update(train(run, pb))
     if run.ahead is not None:  # the engines finish the next update's episodes first
         with timer.time("ahead_wait"):
             run.ahead.exception()
@@ -135,17 +136,34 @@ def verify_refit(run: Run) -> dict[str, float]:
     return verdict
 
 
-def train(run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
-    """One SEED update of the trainer on this update's records."""
+def policy_batch(run: Run, records: list[TrajectoryRecord], timer: Any) -> PolicyBatch:
+    """This update's sequences (every rank builds the same, timed with `train`); for a
+    mixture-of-experts model with the engines' routes of every student and teacher sequence
+    (the `routes` phase), which rank 0 reads back from the engines while they still hold the
+    weights that played them (so not with one-step-off) and broadcasts."""
     cfg = run.cfg
-    pb = build_policy_batch(
-        records,
-        run.tokenizer,
-        cfg.skill.insert_at,
-        cfg.algo.use_opd,
-        cfg.algo.adv_eps,
-        pad_to_multiple_of=run.trainer.seq_multiple,
-    )
+    with timer.time("train"):
+        pb = build_policy_batch(
+            records,
+            run.tokenizer,
+            cfg.skill.insert_at,
+            cfg.algo.use_opd,
+            cfg.algo.adv_eps,
+            pad_to_multiple_of=run.trainer.seq_multiple,
+        )
+    if not run.trainer.spec.is_moe or cfg.rollout.one_step_off:
+        return pb
+    with timer.time("routes"):
+        student, teacher = broadcast(run.side.routes(pb))
+    pb.student = with_routes(pb.student, student)
+    if pb.teacher is not None:
+        pb.teacher = with_routes(pb.teacher, teacher)
+    return pb
+
+
+def train(run: Run, pb: PolicyBatch) -> dict[str, float]:
+    """One SEED update of the trainer on this update's batch."""
+    cfg = run.cfg
     if cfg.algo.replay_weight:
         step = run.trainer.train_step(pb, replay_batch(run))
     else:

@@ -104,6 +104,10 @@ class FakeEngineActor:
         """-1 for every token after the first."""
         return [[-1.0] * (len(ids) - 1) for ids in sequences]
 
+    def routes(self, sequences: list[list[int]]) -> list[Any]:
+        """The fake serves no model, so none with experts (as vLLM on a dense model)."""
+        raise ValueError("the fake engine has no mixture-of-experts layer to route")
+
     def load_bucket(self, bucket: Any) -> int:
         from megatron_seed.rollout.weight_sync import unflatten_bucket
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from megatron_seed.algo import group_advantages
 from megatron_seed.data import TokenBatch, TrajectoryRecord, collate
+from megatron_seed.data.collate import NO_ROUTE
 from megatron_seed.data.sequences import build_sequences
 
 
@@ -68,4 +71,24 @@ def build_policy_batch(
 
 def select_rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:
     """The sub-batch of `rows` (a [k] index tensor)."""
-    return TokenBatch(*(getattr(batch, f)[rows] for f in TokenBatch.__dataclass_fields__))
+    fields = (getattr(batch, f) for f in TokenBatch.__dataclass_fields__)
+    return TokenBatch(*(None if x is None else x[rows] for x in fields))
+
+
+def with_routes(batch: TokenBatch, routes: Sequence[Any]) -> TokenBatch:
+    """`batch` with the engine's routes of its rows: `routes[r]` is row r's `[n_r, layers, k]`
+    (array or tensor, n_r its length); the padding holds `NO_ROUTE`."""
+    b, s = batch.input_ids.shape
+    if len(routes) != b:
+        raise ValueError(f"{len(routes)} routes for a batch of {b} rows")
+    parts = [torch.as_tensor(r).to(torch.int16) for r in routes]
+    shape = parts[0].shape[1:]  # [layers, k]
+    out = torch.full((b, s, *shape), NO_ROUTE, dtype=torch.int16)  # [b, s, layers, k]
+    for row, (part, n) in enumerate(zip(parts, batch.lengths.tolist(), strict=True)):
+        if part.shape != (n, *shape):
+            raise ValueError(
+                f"row {row}: routes of shape {tuple(part.shape)} for a {n}-token sequence "
+                f"(expected {(n, *shape)})"
+            )
+        out[row, :n] = part
+    return dataclasses.replace(batch, routes=out)

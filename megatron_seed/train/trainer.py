@@ -49,6 +49,7 @@ from megatron_seed.algo import seed_loss, sequence_weights
 from megatron_seed.algo.diagnostics import opd_condition_metrics, opd_condition_sums
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TokenBatch, align_teacher
+from megatron_seed.data.collate import NO_ROUTE
 from megatron_seed.data.packing import PackPlan, pack, padded_fraction
 from megatron_seed.models.convert import HFCheckpoint, load_hf_weights
 from megatron_seed.models.logprobs import (
@@ -101,8 +102,9 @@ def _with_replay(
     r, s_r = replay.input_ids.shape
     width = max(s, s_r)
 
-    def widen(x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, width - x.shape[1]))  # zeros / False
+    def widen(x: torch.Tensor, fill: int) -> torch.Tensor:  # [n, s', ...] -> [n, width, ...]
+        pad = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), fill)
+        return torch.cat([x, pad], 1)
 
     extra = {
         "input_ids": replay.input_ids,
@@ -111,8 +113,9 @@ def _with_replay(
     }
     out = {}
     for key, value in {**tensors, "replay": torch.zeros(m, s, dtype=torch.bool)}.items():
-        tail = extra.get(key, torch.zeros(r, s_r, dtype=value.dtype))
-        out[key] = torch.cat([widen(value), widen(tail)])  # [m + r, width]
+        fill = NO_ROUTE if key == "routes" else 0  # the replay rows' tokens route freely
+        tail = extra.get(key, value.new_full((r, s_r, *value.shape[2:]), fill))
+        out[key] = torch.cat([widen(value, fill), widen(tail, fill)])  # [m + r, width, ...]
     return out, torch.cat([lengths, replay.lengths])
 
 
@@ -198,10 +201,16 @@ class SeedTrainer:
             _plain_aux_loss_scale(model)
         self._step_aux_loss: float | None = None  # set by each `_adam_step`
         self._router_stats = None  # a mixture-of-experts model's routing, every update
+        self._routes = None  # and its routes against the engine's (`models.routing_replay`)
+        if cfg.algo.routing_replay and not self.spec.is_moe:
+            raise ValueError("algo.routing_replay replays experts: this model has no experts")
         if self.spec.is_moe:
             from megatron_seed.models.router_stats import RouterStats
+            from megatron_seed.models.routing_replay import install
 
             self._router_stats = RouterStats(model, self.spec.num_layers, self.spec.num_experts)
+            # the engine's routes, when a batch brings them: replayed or only compared
+            self._routes = install(model, self.spec.sparse_layers, cfg.algo.routing_replay)
         load_hf_weights(model, ckpt)
         on_gpu = torch.cuda.is_available()
         ddp_config = DistributedDataParallelConfig(
@@ -252,6 +261,10 @@ class SeedTrainer:
             )
             load_hf_weights(self.ref_model, HFCheckpoint(ref_hf_dir or hf_dir))
             self.ref_model.requires_grad_(False)
+            if self.spec.is_moe:
+                from megatron_seed.models.routing_replay import install
+
+                install(self.ref_model, self.spec.sparse_layers, cfg.algo.routing_replay)
         self.state = TrainerState()
         self._metric_keys = _metric_keys(cfg)
         self._released = False  # optimizer state and grad buffers off the GPU
@@ -351,7 +364,9 @@ class SeedTrainer:
         each tensor `[1, T]`, with `position_ids`, `cu_seqlens` and `max_seqlen`."""
         rank, size = self.dp
         per = plan.rows // size
-        packed = {k: plan.pack_tensor(v) for k, v in tensors.items()}  # [R, T] each
+        packed = {  # [R, T, ...] each
+            k: plan.pack_tensor(v, NO_ROUTE if k == "routes" else 0) for k, v in tensors.items()
+        }
         positions = plan.position_ids()  # [R, T]
         out = []
         for r in range(rank * per, (rank + 1) * per):
@@ -389,20 +404,38 @@ class SeedTrainer:
     # ------------------------------------------------------------ scoring (no grad)
 
     @torch.no_grad()
-    def score(self, batch: TokenBatch, model: Any | None = None) -> torch.Tensor:
+    def score(
+        self, batch: TokenBatch, model: Any | None = None, count_routes: bool = False
+    ) -> torch.Tensor:
         """Per-token log-probs `[B, s]` of a batch with `model` (default: the policy).
 
         Position i < n - 1 of a row of n tokens holds log p(x_{i+1} | x_0 .. x_i) in either
         layout; position s - 1 holds 0, and when packed so does every position from n - 1 on
-        (no target there; padded rows hold whatever the padding predicts)."""
+        (no target there; padded rows hold whatever the padding predicts). The batch's
+        `routes` (a mixture-of-experts model) go to the routers (`models.routing_replay`);
+        `count_routes`: count on the loss tokens how often the routers agree with them."""
         model = self.model if model is None else model
         self._warm_fp8(batch, model)
-        if self.cfg.optim.micro_batch_tokens:
-            return self._score_packed(batch, model)
+        extra = {}
+        if batch.routes is not None:
+            extra["routes"] = batch.routes
+            if count_routes:
+                extra["scored"] = batch.loss_mask
+        counting = self._routes.counting() if "scored" in extra else contextlib.nullcontext()
+        with counting:
+            if self.cfg.optim.micro_batch_tokens:
+                return self._score_packed(batch, model, extra)
+            return self._score_rows(batch, model, extra)
+
+    def _score_rows(self, batch: TokenBatch, model: Any, extra: dict) -> torch.Tensor:
+        """`score` over rows of `micro_batch_size`: this rank's rows, gathered over DP."""
         n = batch.input_ids.shape[0]
         rows, _ = self._dp_rows(n)
         ids = batch.input_ids[rows.clamp(min=0)]  # [per, s]; padding rows repeat row 0
-        local = token_logprobs(model, ids, self.cfg.optim.micro_batch_size)  # [per, s]
+        extra = {k: v[rows.clamp(min=0)] for k, v in extra.items()}
+        if "scored" in extra:  # a DP padding row counts nothing
+            extra["scored"] = extra["scored"] & (rows >= 0)[:, None]
+        local = token_logprobs(model, ids, self.cfg.optim.micro_batch_size, extra)  # [per, s]
         _, size = self.dp
         if size > 1:
             parts = [torch.empty_like(local) for _ in range(size)]
@@ -423,11 +456,12 @@ class SeedTrainer:
         self._fp8_warm.add(id(model))
         self.score(batch, model)  # fills the amax history; its log-probs are dropped
 
-    def _score_packed(self, batch: TokenBatch, model: Any) -> torch.Tensor:
+    def _score_packed(self, batch: TokenBatch, model: Any, extra: dict) -> torch.Tensor:
         """`score` over packed rows: this rank's rows, gathered over DP, unpacked."""
         b, s = batch.input_ids.shape
         plan = self._plan(batch.lengths)
-        rows = self._packed_rows(plan, {"input_ids": batch.input_ids, "labels": batch.labels})
+        tensors = {"input_ids": batch.input_ids, "labels": batch.labels, **extra}
+        rows = self._packed_rows(plan, tensors)
         local = packed_logprobs(model, rows)  # [R / dp, T]
         _, size = self.dp
         if size > 1:
@@ -461,7 +495,7 @@ class SeedTrainer:
         algo = self.cfg.algo
         if bool(algo.replay_weight) != (replay is not None):
             raise ValueError("algo.replay_weight > 0 needs replay examples, and only then")
-        old = self.score(pb.student)  # [B, s]
+        old = self.score(pb.student, count_routes=True)  # [B, s]
         if algo.beta_kl and self.ref_model is None:
             raise RuntimeError("beta_kl != 0 needs the reference model (reference=True)")
         ref = self.score(pb.student, self.ref_model) if algo.beta_kl else None
@@ -496,6 +530,7 @@ class SeedTrainer:
             totals.update(_opd_condition(pb, old, first_teacher, algo.beta_opd))
         if self._router_stats is not None:  # over every training pass of this update
             totals.update(self._router_stats.pop())
+            totals.update(self._routes.pop())  # the routers against the engine's, theta_old
         self.state.step += 1
         return totals
 
@@ -518,6 +553,8 @@ class SeedTrainer:
             "adv": adv[:, None].expand_as(old),
             "opd_mask": has[:, None].expand_as(mask),
         }
+        if student.routes is not None:  # [m, s, layers, k]
+            tensors["routes"] = student.routes
         lengths = student.lengths
         if replay is not None:
             tensors, lengths = _with_replay(tensors, lengths, replay)

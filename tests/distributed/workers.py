@@ -51,6 +51,87 @@ def moe_update(hf_dir, tok_dir, tp, ep, cfg):
     return metrics, grads, params
 
 
+def random_routes(batch, layers, experts, k, seed):
+    """Per row of `batch`, `[n, layers, k]` distinct experts drawn at random (seeded), for
+    routing replay to follow; row 0's first 3 tokens get none (`NO_ROUTE`: routed freely)."""
+    from megatron_seed.data.collate import NO_ROUTE
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in batch.lengths.tolist():
+        out.append(torch.rand(n, layers, experts, generator=g).argsort(-1)[..., :k])
+    out[0][:3] = NO_ROUTE
+    return out
+
+
+def moe_routing_replay(hf_dir, tok_dir, tp, ep, pp, cfg):
+    """A tiny Qwen3-MoE trainer at TP x EP x PP with `random_routes` on every student and
+    teacher row: theta_old's log-probs of the students (counting agreement), the teachers'
+    log-probs, then one update: its metrics and gradients by HF name."""
+    from transformers import AutoTokenizer
+
+    from megatron_seed.train.batch import build_policy_batch, with_routes
+
+    trainer, records, _ = _setup(
+        hf_dir, tok_dir, tp, pp, cfg, ep=ep, groups=2, group_size=2, turns=3, valid_skill_every=2
+    )
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    pb = build_policy_batch(records, tok, pad_to_multiple_of=trainer.seq_multiple)
+    spec = trainer.spec
+    shape = (spec.num_layers, spec.num_experts, spec.top_k)
+    pb.student = with_routes(pb.student, random_routes(pb.student, *shape, seed=1))
+    pb.teacher = with_routes(pb.teacher, random_routes(pb.teacher, *shape, seed=2))
+    old = trainer.score(pb.student)
+    teacher = trainer.score(pb.teacher)
+    metrics = trainer.train_step(pb)
+    return {
+        "old": old, "teacher": teacher, "metrics": metrics,
+        "grads": trainer.grads_by_hf_name(), "pb": pb,
+    }  # fmt: skip
+
+
+def hf_forced_logprobs(hf_dir, batch):
+    """Per-token log-probs `[b, s]` of `batch`'s rows from transformers' Qwen3-MoE with every
+    router made to pick `batch.routes` (its own top k where a token has `NO_ROUTE`): softmax
+    over all experts, the given ones' probabilities, renormalised (`norm_topk_prob`). Also
+    the routers' own top k on the way, `[b, s, layers, k]`."""
+    from transformers import AutoModelForCausalLM
+
+    from megatron_seed.models.logprobs import hf_token_logprobs
+
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    out = torch.zeros(batch.input_ids.shape)
+    own = torch.zeros(batch.routes.shape, dtype=torch.long)
+    for row, n in enumerate(batch.lengths.tolist()):
+        routes = batch.routes[row, :n].long()  # [n, layers, k]
+        for layer, block in enumerate(hf.model.layers):
+            block.mlp.gate.forward = _forced_router(
+                block.mlp.gate, routes[:, layer], own[row, :n, layer]
+            )
+        out[row, :n] = hf_token_logprobs(hf, batch.input_ids[row : row + 1, :n])[0]
+    return out, own
+
+
+def _forced_router(gate, routes, own_out):
+    """`Qwen3MoeTopKRouter.forward` with the top k replaced by `routes` (`[n, k]`); writes
+    its own top k into `own_out`."""
+    import torch.nn.functional as F
+
+    def forward(hidden_states):
+        hidden_states = hidden_states.reshape(-1, gate.hidden_dim)
+        logits = F.linear(hidden_states, gate.weight)  # [n, E]
+        probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+        own = torch.topk(probs, gate.top_k, dim=-1).indices
+        own_out.copy_(own)
+        picked = torch.where(routes[:, :1] >= 0, routes, own)  # [n, k]
+        value = probs.gather(1, picked)
+        if gate.norm_topk_prob:
+            value = value / value.sum(-1, keepdim=True)
+        return logits, value.to(logits.dtype), picked
+
+    return forward
+
+
 def moe_aux_loss_gradient(hf_dir, tok_dir, cfg):
     """One process, EP=1: the SEED update's gradients with `cfg.algo.moe_aux_loss` = c and
     with 0 on the same batch, and the routers' load-balancing loss computed independently
@@ -186,9 +267,9 @@ def rlsd_update_index_and_diagnostics(hf_dir, tok_dir, cfg, root):
     of metrics.jsonl, and update 0's inputs (theta_old and teacher log-probs, batch)."""
     from transformers import AutoTokenizer
 
-    from megatron_seed.pipeline.metrics import MetricsLog
+    from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer
     from megatron_seed.pipeline.roles import Follower
-    from megatron_seed.pipeline.stage2 import Run, Stage2Job, train
+    from megatron_seed.pipeline.stage2 import Run, Stage2Job, policy_batch, train
     from megatron_seed.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from megatron_seed.train.trainer import SeedTrainer
 
@@ -206,7 +287,7 @@ def rlsd_update_index_and_diagnostics(hf_dir, tok_dir, cfg, root):
     tok = AutoTokenizer.from_pretrained(tok_dir)
     run = Run(job, resumed, tok, Follower(), hf_config, need_sync=False)
     step = run.step
-    second = train(run, records)
+    second = train(run, policy_batch(run, records, PhaseTimer()))
     log = MetricsLog(root, tensorboard=False)
     log.write(step, second)
     return {

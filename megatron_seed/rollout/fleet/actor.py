@@ -61,6 +61,11 @@ class EngineActor(Protocol):
         """Log-prob of every token after the first of each sequence."""
         ...
 
+    def routes(self, sequences: list[list[int]]) -> list[Any]:
+        """The experts each MoE layer picks for every token of each sequence
+        (`[len, layers, k]`); `ValueError` for a model without experts."""
+        ...
+
     def advance(
         self, requests: list[Request], linger_s: float = 0.0, until_done: list[Any] | None = None
     ) -> list[Any]:
@@ -135,6 +140,9 @@ class VLLMEngineActor:
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         return self.engine.prompt_logprobs(sequences)
+
+    def routes(self, sequences: list[list[int]]) -> list[Any]:
+        return self.engine.routes(sequences)
 
     def advance(
         self, requests: list[Request], linger_s: float = 0.0, until_done: list[Any] | None = None

@@ -351,6 +351,17 @@ class Fleet:
         ]
         return self._gather(works, len(sequences))
 
+    def routes(self, sequences: list[list[int]]) -> list[Any]:
+        """Per sequence, the experts each MoE layer of the engines picks for every token
+        (`[len, layers, k]` int16, `VLLMEngine.routes`), in sequence order."""
+        if not sequences:
+            return []
+        chunks = _balanced_chunks([len(s) for s in sequences], self.num_engines)
+        works = [
+            _Work(e, idx, "routes", ([sequences[i] for i in idx],)) for e, idx in enumerate(chunks)
+        ]
+        return self._gather(works, len(sequences))
+
     def prompt_logprobs_per_engine(self, sequences: list[list[int]]) -> list[list[list[float]]]:
         """The same sequences scored by every engine (checks that all engines agree)."""
         works = [
