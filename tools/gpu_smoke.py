@@ -16,7 +16,8 @@ Qwen3-MoE folder), TE's grouped GEMM where TE imports. Modes run in `--modes` or
 
 1. `SeedTrainer` is built as Stage 2 builds it (policy, frozen reference, Megatron DDP and
    optimizer; the TE spec when TE imports) from the HF weights;
-2. parity: the trainer's per-token log-probs against transformers' on the same ids;
+2. parity: the trainer's per-token log-probs against transformers' on the same ids, and
+   packed rows against padded ones; "moe" also replays random routes (routing replay);
 3. `train_step` on a SEED batch of `--seq` tokens per sequence (student and teacher),
    timed: tokens/s and MFU (6 N + attention FLOPs per token against `--peak-tflops`);
 4. memory against the launcher's model (`launch.layout.trainer_memory_gib`): on a GPU the
@@ -168,6 +169,32 @@ def packing_parity(trainer, pb) -> dict:
     return {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
 
 
+def routing_replay_check(trainer, pb) -> dict:
+    """The students scored with random routes replayed (its routers' kernels, TE's grouped
+    GEMM on a GPU): the share of scored (token, layer) pairs routed as given (1.0), how
+    often the routers' own choice agrees (~k / E by chance), and how far the log-probs move
+    from free routing."""
+    from megatron_seed.train.batch import with_routes
+
+    spec = trainer.spec
+    g = torch.Generator().manual_seed(3)
+    shape = (sum(spec.sparse_layers), spec.num_experts)
+    routes = [
+        torch.rand(n, *shape, generator=g).argsort(-1)[..., : spec.top_k]
+        for n in pb.student.lengths.tolist()
+    ]
+    free = trainer.score(pb.student)  # [B, s]
+    replayed = trainer.score(with_routes(pb.student, routes), count_routes=True)
+    counts = trainer.route_agreement()
+    mask = pb.student.loss_mask
+    return {
+        "routes_replayed": counts["moe/routes_replayed"],
+        "route_agreement": counts["moe/route_agreement"],
+        "finite": bool(torch.isfinite(replayed).all()),
+        "moved_mean_abs": float((replayed - free).abs()[mask].mean()),
+    }
+
+
 def held_bytes(trainer) -> dict[str, int]:
     """Bytes the trainer holds in weights, fp32 main grads, optimizer state and reference."""
     params = list(trainer.model.module.parameters())
@@ -185,13 +212,16 @@ def held_bytes(trainer) -> dict[str, int]:
     return {"weights": weights, "grads": grads, "optimizer": state, "reference": ref}
 
 
-def mode_config(precision: str, fp8_recipe: str | None, recipe: bool, on_gpu: bool):
+def mode_config(
+    precision: str, fp8_recipe: str | None, recipe: bool, on_gpu: bool, moe: bool = False
+):
     """The trainer config of one smoke mode; "recipe" takes the GPU recipes' trainer
-    settings (the distributed optimizer is GPU-only: Megatron refuses CPU tensors there)."""
+    settings (the distributed optimizer is GPU-only: Megatron refuses CPU tensors there);
+    `moe` replays routes where a batch brings them (`algo.routing_replay`)."""
     from megatron_seed.config import AlgoConfig, OptimConfig, ParallelConfig, SeedConfig
 
     return SeedConfig(
-        algo=AlgoConfig(teacher_mode="snapshot", beta_kl=0.01),
+        algo=AlgoConfig(teacher_mode="snapshot", beta_kl=0.01, routing_replay=moe),
         optim=OptimConfig(lr=1e-5, mini_batches_per_update=1, micro_batch_size=1),
         parallel=ParallelConfig(
             precision=precision,
@@ -279,6 +309,9 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
     out["batch"] = {"rows": pb.rows, "seq": int(pb.student.input_ids.shape[1]), "tokens": tokens}
     out["packing"] = packing_parity(trainer, pb)
     results.phase(name, out, "packing")
+    if spec.is_moe:
+        out["routing_replay"] = routing_replay_check(trainer, pb)
+        results.phase(name, out, "routing_replay")
     times, losses = [], []
     for _ in range(args.steps):
         if on_gpu:
@@ -475,7 +508,7 @@ def main() -> int:
         "plain": mode_config(precision, None, False, on_gpu),
         "recipe": mode_config(precision, None, True, on_gpu),
         "fp8": mode_config("bf16", args.fp8_recipe, False, on_gpu),
-        "moe": mode_config(precision, None, False, on_gpu),
+        "moe": mode_config(precision, None, False, on_gpu, moe=True),
     }
     modes = []  # (name, config), in the order asked for
     for name in wanted:

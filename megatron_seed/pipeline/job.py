@@ -35,7 +35,7 @@ class Stage2Job:
 
 def check_job(job: Stage2Job) -> None:
     """Fail loud before any compute: a method's fixed skills must cover every training game,
-    and analyzer replay needs its Stage-1 examples."""
+    analyzer replay needs its Stage-1 examples, and the experts' options need experts."""
     skill = job.cfg.skill
     fixed = job.cfg.algo.use_opd and skill.teacher_source != "analyzer"
     if fixed or skill.rollout_skill:
@@ -50,3 +50,10 @@ def check_job(job: Stage2Job) -> None:
             )
     if job.cfg.algo.replay_weight and not job.replay_data:
         raise ValueError("algo.replay_weight > 0 needs Stage-1 annotations (--replay-data)")
+    algo = job.cfg.algo
+    if algo.routing_replay or algo.moe_aux_loss:
+        from megatron_seed.models.qwen import QwenSpec
+
+        if not QwenSpec.from_pretrained(job.model_dir).is_moe:
+            what = "algo.routing_replay" if algo.routing_replay else "algo.moe_aux_loss"
+            raise ValueError(f"{what} is for mixture-of-experts models: {job.model_dir} has none")

@@ -530,9 +530,15 @@ class SeedTrainer:
             totals.update(_opd_condition(pb, old, first_teacher, algo.beta_opd))
         if self._router_stats is not None:  # over every training pass of this update
             totals.update(self._router_stats.pop())
-            totals.update(self._routes.pop())  # the routers against the engine's, theta_old
+            totals.update(self.route_agreement())  # the routers against the engine's
         self.state.step += 1
         return totals
+
+    def route_agreement(self) -> dict[str, float]:
+        """`moe/route_agreement` and `moe/routes_replayed` over the scored tokens counted
+        since the last call (`score(..., count_routes=True)`: theta_old's pass in an
+        update); {} for a dense model or nothing counted. A collective."""
+        return self._routes.pop() if self._routes is not None else {}
 
     def _optimizer_step(self, pb, mini, old, ref, teacher, replay=None) -> dict[str, float]:
         student = select_rows(pb.student, mini)

@@ -37,7 +37,10 @@ def test_cpu_dry_run(tmp_path):
     # the mixture of experts: the same checks, and every expert's weights, gradients and
     # Adam moments held (float32: 4 + 4 + 8 bytes per parameter, and the reference's 4)
     moe = result["modes"]["moe"]
-    assert moe["phases_done"] == PHASES
+    assert moe["phases_done"] == [*PHASES[:3], "routing_replay", *PHASES[3:]]
+    replay = moe["routing_replay"]  # random routes followed on every scored token and layer
+    assert replay["routes_replayed"] == 1.0 and replay["route_agreement"] < 0.2
+    assert replay["finite"] and replay["moved_mean_abs"] > 1e-3
     assert moe["model"]["experts"] == 8 and moe["model"]["top_k"] == 2
     assert moe["parity"]["max_abs_diff"] < 1e-4 and moe["packing"]["max_abs_diff"] < 1e-5
     assert moe["finite"] and moe["resume"]["abs_diff"] == 0.0

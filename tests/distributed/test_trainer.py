@@ -183,6 +183,8 @@ def test_routing_replay_routes_every_pass_as_given_in_every_layout(moe_checkpoin
     assert 0 < agreement < 0.2  # random routes: 1 in 28 pairs of 8 experts
     for layout, run in runs.items():
         m = run["metrics"]
+        # the reference (beta_kl > 0) replays the same routes: no KL before the first step
+        assert abs(m["kl"]) <= 1e-6, layout
         if layout[-1]:
             assert m["moe/routes_replayed"] == 1.0, layout
             assert m["moe/route_agreement"] == pytest.approx(agreement, abs=1e-9), layout

@@ -3,7 +3,10 @@ the vLLM fleet, the Megatron MoE trainer and ALFWorld env workers (the session's
 `tiny_world` games and tokenizer). Every sync re-packs the engine's MoE layers (without it
 the refit probe would be off by ~0.1-4 nats: test_fleet_moe.py), so the probe gap stays at
 float32 size after each of the 3 syncs while the weights move (opsd-paper: the expert plan
-as teacher, a gradient on every token even when no episode succeeds). ~65 s."""
+as teacher, a gradient on every token even when no episode succeeds). With routing replay
+on: after the rollouts the engine reports its routes of every student and teacher sequence,
+and the trainer's theta_old, reference, teacher and training passes route every token as
+the engine did (`moe/routes_replayed`: 1.0 of the scored tokens). ~70 s."""
 
 from __future__ import annotations
 
@@ -12,7 +15,11 @@ import subprocess
 
 from megatron_seed.testbed.tiny_world import train_command
 
-CONFIG = {"rollout": {"tasks_per_update": 2, "group_size": 2}, "fleet": {"engines": 1}}
+CONFIG = {
+    "rollout": {"tasks_per_update": 2, "group_size": 2},
+    "fleet": {"engines": 1},
+    "algo": {"routing_replay": True},
+}
 
 
 def test_seed_train_updates_a_moe_model_and_its_engines_follow(tiny_world, tmp_path):
@@ -33,6 +40,10 @@ def test_seed_train_updates_a_moe_model_and_its_engines_follow(tiny_world, tmp_p
         assert r["train/grad_norm"] > 0  # the weights move, so each sync carries new ones
         assert r["sync/probe_gap_max"] <= 1e-5  # the refit guard after each sync
         assert r["train/mismatch/max"] <= 1e-5  # the engine sampled with the trainer's theta
+        assert r["train/moe/routes_replayed"] == 1.0  # every scored token, every MoE layer
+        # float32 on both sides: the routers' own choices agree but for near ties
+        assert r["train/moe/route_agreement"] >= 0.95
+        assert r["time/routes"] > 0
     assert rows[-1]["train/kl"] > 0
     assert (out / "final_hf" / "config.json").is_file()
     final = json.loads((out / "final_hf" / "config.json").read_text())

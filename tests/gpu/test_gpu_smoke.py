@@ -31,3 +31,6 @@ def test_gpu_smoke(tmp_path):
         assert 0.0 < mode["mfu"] < 1.0, name
         assert mode["memory"]["peak_over_model_total"] <= 1.0, (name, mode["memory"])
         assert mode["resume"]["abs_diff"] <= 1e-3 * max(1.0, abs(mode["resume"]["loss_continued"]))
+        if name == "moe":  # routing replay through TE's grouped GEMM
+            assert mode["routing_replay"]["routes_replayed"] == 1.0
+            assert mode["routing_replay"]["finite"]

@@ -172,3 +172,23 @@ def test_one_step_off_refuses_colocated_engines():
     with pytest.raises(ConfigError, match="one_step_off"):
         SeedConfig().with_changes(changes)
     assert SeedConfig().with_changes({"rollout": {"one_step_off": True}}).rollout.one_step_off
+
+
+def test_routing_replay_refuses_one_step_off_and_models_without_experts(tmp_path: Path):
+    from megatron_seed.config import ConfigError, SeedConfig
+    from megatron_seed.pipeline.job import Stage2Job, check_job
+
+    with pytest.raises(ConfigError, match="routing_replay reads the routes back"):
+        SeedConfig().with_changes(
+            {"algo": {"routing_replay": True}, "rollout": {"one_step_off": True}}
+        )
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+    }))  # fmt: skip
+    cfg = SeedConfig().with_changes({"algo": {"routing_replay": True}})
+    with pytest.raises(ValueError, match="routing_replay is for mixture-of-experts models"):
+        check_job(Stage2Job(str(dense), ["g1"], "o", cfg))
+    check_job(Stage2Job(str(dense), ["g1"], "o", SeedConfig()))

@@ -167,3 +167,26 @@ def test_engine_logprobs_equal_trainer_logprobs_and_teacher_aligns(tiny_tokenize
     loss.backward()
     assert metrics["clip_frac"].item() == 0.0 and metrics["kl"].abs().item() < 1e-6
     assert model.head.weight.grad is not None and torch.isfinite(model.head.weight.grad).all()
+
+
+def test_routes_join_a_batch_row_by_row_and_follow_its_rows() -> None:
+    from megatron_seed.data.collate import NO_ROUTE
+    from megatron_seed.train.batch import select_rows, with_routes
+
+    a = TokenSequence([10, 11, 12], [False, True, True], [0, -0.5, -0.6], [-1, 0, 0])
+    b = TokenSequence([20, 21], [False, True], [0, -0.7], [0, 0])
+    batch = collate([a, b], pad_id=0)
+    ra = torch.arange(12).reshape(3, 2, 2)  # [n=3, layers=2, k=2]
+    rb = torch.arange(8).reshape(2, 2, 2) + 100
+    routed = with_routes(batch, [ra.numpy(), rb])
+    assert routed.routes.shape == (2, 3, 2, 2) and routed.routes.dtype == torch.int16
+    assert routed.routes[0].tolist() == ra.tolist()
+    assert routed.routes[1, :2].tolist() == rb.tolist()
+    assert (routed.routes[1, 2] == NO_ROUTE).all()  # padding: routed freely
+    assert batch.routes is None  # a new batch; the old one is unchanged
+    assert select_rows(routed, torch.tensor([1])).routes[0, :2].tolist() == rb.tolist()
+    assert select_rows(batch, torch.tensor([1])).routes is None
+    with pytest.raises(ValueError, match=r"row 1: routes of shape \(3, 2, 2\) for a 2-token"):
+        with_routes(batch, [ra, ra])
+    with pytest.raises(ValueError, match="1 routes for a batch of 2 rows"):
+        with_routes(batch, [ra])

@@ -500,13 +500,13 @@ def test_delayed_fp8_scores_each_models_first_batch_twice(monkeypatch):
 
     passes: list[str] = []
 
-    def token_logprobs(model, ids, micro_batch_size):
+    def token_logprobs(model, ids, micro_batch_size, extra):
         passes.append(f"{model.name} fp8={model.config.fp8}")
         return torch.zeros(ids.shape)
 
     monkeypatch.setattr(trainer_mod, "token_logprobs", token_logprobs)
     monkeypatch.setattr(SeedTrainer, "dp", property(lambda self: (0, 1)))
-    batch = SimpleNamespace(input_ids=torch.ones(1, 3, dtype=torch.long))  # what score reads
+    batch = SimpleNamespace(input_ids=torch.ones(1, 3, dtype=torch.long), routes=None)  # read
     for recipe, want in (
         (
             "delayed",
