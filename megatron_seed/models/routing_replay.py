@@ -70,7 +70,9 @@ class ModelRoutes:
                 module.router_replay = RouteReplay(self, moe_index[module.layer_number - 1])
                 self.routers.append(module.router_replay)
                 self.sequence_parallel = module.config.sequence_parallel
-        self.counts = torch.zeros(3, dtype=torch.float64)  # scored, own == engine, used == engine
+        # scored, own set == the route, used set == the route; on the routers' device (no
+        # host sync per layer), summed over ranks at `pop`
+        self.counts: torch.Tensor | None = None
         self.active = False
 
     def feed(self, batch: dict[str, Any], recompute: bool) -> None:
@@ -91,6 +93,16 @@ class ModelRoutes:
             given = routes[:, part, r.layer].transpose(0, 1).reshape(-1, routes.shape[-1])
             mask = None if scored is None else scored[:, part].transpose(0, 1).reshape(-1)
             r.set_routes(given.long(), mask, recompute)  # [s/tp * b, k], [s/tp * b]
+
+    def count(
+        self, routes: torch.Tensor, own: torch.Tensor, used: torch.Tensor, scored: torch.Tensor
+    ) -> None:
+        """Add one router call's scored tokens (`[tokens]` bool) and how many of them have
+        the router's `own` / the `used` top-k set (`[tokens, k]`) equal to `routes`'."""
+        target = routes.sort(-1).values
+        same = [(x.sort(-1).values == target).all(-1) & scored for x in (own, used)]
+        add = torch.stack([scored.sum(), *(s.sum() for s in same)]).double()  # [3]
+        self.counts = add if self.counts is None else self.counts + add
 
     def reset(self) -> None:
         """Forget every router's routes (a schedule's start and end)."""
@@ -117,13 +129,14 @@ class ModelRoutes:
         rank (a collective: every rank calls it); {} when nothing was counted."""
         import torch.distributed as dist
 
-        counts = self.counts.clone()
-        self.counts.zero_()
-        if dist.is_initialized():
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            counts = counts.to(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        counts = torch.zeros(3, dtype=torch.float64, device=device)
+        if self.counts is not None:
+            counts += self.counts.to(device)
+        self.counts = None
+        if dist.is_initialized():  # a rank whose routers saw no scored token sends zeros
             dist.all_reduce(counts)
-            counts = counts.cpu()
+        counts = counts.cpu()
         if counts[0] == 0:
             return {}
         return {
@@ -175,12 +188,7 @@ class RouteReplay(_replay_base()):  # type: ignore[misc]
         given = routes[:, :1] != NO_ROUTE  # [tokens, 1]
         used = torch.where(given, routes, own) if self.owner.replay else own  # [tokens, k]
         if count and scored is not None:
-            scored = scored.to(scores.device) & given[:, 0]
-            target = routes.sort(-1).values
-            counts = self.owner.counts
-            counts[0] += float(scored.sum())
-            counts[1] += float((own.sort(-1).values == target).all(-1)[scored].sum())
-            counts[2] += float((used.sort(-1).values == target).all(-1)[scored].sum())
+            self.owner.count(routes, own, used, scored.to(scores.device) & given[:, 0])
         return scores.gather(1, used), used
 
 
