@@ -161,9 +161,12 @@ class AlgoConfig(_Checked):
     # Mixture-of-experts models: rollout routing replay (R3). After the rollouts the engines
     # report the experts each MoE layer picked for every token of every student and teacher
     # sequence, and every trainer pass over them routes those tokens there
-    # (`models.routing_replay`). Off: the routes are still read back, and the share of
-    # scored tokens on which the trainer's routers agree with them is logged
+    # (`models.routing_replay`). Either way the share of scored tokens on which the
+    # trainer's own routers agree with the engines' is logged (`moe/route_agreement`)
     routing_replay: bool = False
+    # with routing replay off: the routes of this many student sequences per update are
+    # read back for that share (0: none, no metric; not with one-step-off either)
+    route_check_rows: int = _range(8, 0)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -157,15 +157,14 @@ def make_forward_step(
     model's routers first (`models.routing_replay`)."""
 
     def forward_step(data_iterator: Iterator, model_chunk: Any) -> tuple[torch.Tensor, Callable]:
-        batch = next(data_iterator)
+        batch = to_device(next(data_iterator))
         if "routes" in batch:
             replay = _routes_of(model_chunk)
             if replay is None:
                 raise ValueError("a micro-batch with routes needs a model with routing replay")
             config = _unwrap(model_chunk).config
             recompute = model_chunk.training and config.recompute_granularity == "full"
-            replay.feed(batch, recompute)  # on the CPU: the routers move their own slices
-        batch = to_device(batch)
+            replay.feed(batch, recompute)
         output = model_forward(model_chunk, batch)
 
         def loss_func(nll: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:

@@ -22,7 +22,12 @@ megatron's own in three ways the trainer needs:
   for their recomputation, in order (the schedule runs backward in forward order);
 - it counts, over the tokens marked scored, how often the router's own top-k set equals
   the engine's (`route_agreement`) and how often the set it used does (`routes_replayed`:
-  1.0 when replaying; a fused router kernel would bypass the hook and show less).
+  1.0 when replaying; a sign that the hook ran, since the fused router kernel, which never
+  asks it, is refused).
+
+The reference model replays the same routes as the policy (R3 replays every log-prob
+computation over the rollout's tokens): with replay on, the KL term compares the two on the
+engine's experts.
 
 Routes are given per whole sequence; each router takes its own slice: its layer among the
 model's MoE layers, and, under sequence parallelism, this TP rank's part of the sequence
@@ -38,16 +43,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from megatron.core.transformer.moe.router_replay import RouterReplay
 
 from megatron_seed.data.collate import NO_ROUTE
 
 _INSTALLED: weakref.WeakKeyDictionary[Any, ModelRoutes] = weakref.WeakKeyDictionary()
-
-
-def _replay_base() -> type:
-    from megatron.core.transformer.moe.router_replay import RouterReplay
-
-    return RouterReplay
 
 
 class ModelRoutes:
@@ -61,15 +61,16 @@ class ModelRoutes:
         moe_index = {
             layer: j for j, layer in enumerate(i for i, s in enumerate(sparse_layers) if s)
         }
+        self.layers, self.k = len(moe_index), 0  # the routes' [layers, k] this model takes
         self.routers: list[RouteReplay] = []
         self.sequence_parallel = False
         for module in model.modules():
             if isinstance(module, TopKRouter):
-                if module.config.moe_router_fusion:  # the fused kernel asks no replay object
-                    raise ValueError("routing replay needs the unfused router (moe_router_fusion)")
+                _check_router(module.config)
                 module.router_replay = RouteReplay(self, moe_index[module.layer_number - 1])
                 self.routers.append(module.router_replay)
                 self.sequence_parallel = module.config.sequence_parallel
+                self.k = module.topk
         # scored, own set == the route, used set == the route; on the routers' device (no
         # host sync per layer), summed over ranks at `pop`
         self.counts: torch.Tensor | None = None
@@ -81,7 +82,12 @@ class ModelRoutes:
         full activation recompute will run again in backward."""
         from megatron.core import parallel_state as ps
 
-        routes = batch["routes"]
+        routes = batch["routes"]  # on the model's device: no copy per router call
+        if tuple(routes.shape[2:]) != (self.layers, self.k):
+            raise ValueError(
+                f"routes for {routes.shape[2]} MoE layers x top-{routes.shape[3]}; this model "
+                f"has {self.layers} x top-{self.k}"
+            )
         scored = batch.get("scored") if self.active else None
         s = routes.shape[1]
         tp, rank = 1, 0
@@ -145,7 +151,17 @@ class ModelRoutes:
         }
 
 
-class RouteReplay(_replay_base()):  # type: ignore[misc]
+def _check_router(config: Any) -> None:
+    """`ValueError` for a router setting under which replay would not hold: the fused
+    kernel asks no replay object; megatron's "moe" recompute reruns the router in backward
+    outside the full-recompute order `RouteReplay` keeps."""
+    if config.moe_router_fusion:
+        raise ValueError("routing replay needs the unfused router (moe_router_fusion)")
+    if config.recompute_granularity == "selective" and "moe" in (config.recompute_modules or []):
+        raise ValueError("routing replay supports full or attention-only recompute, not 'moe'")
+
+
+class RouteReplay(RouterReplay):
     """One router's routes for the micro-batch in flight (megatron's `RouterReplay` hook)."""
 
     def __init__(self, owner: ModelRoutes, layer: int) -> None:
@@ -172,9 +188,15 @@ class RouteReplay(_replay_base()):  # type: ignore[misc]
         self.recomputed.clear()
 
     def get_replay_topk(
-        self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None
-    ):
-        """The top k of `scores` (`[tokens, E]`), the given experts on tokens with a route."""
+        self,
+        scores: torch.Tensor,
+        topk: int,
+        num_groups: int | None = None,
+        group_topk: int | None = None,
+        default_compute_topk: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`scores` at the chosen experts, their indices), both `[tokens, k]`: the given
+        experts on tokens with a route, the top k of `scores` (`[tokens, E]`) elsewhere."""
         own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)[1]
         if torch.is_grad_enabled() and self.recomputed:  # backward's recomputation
             routes, scored = self.recomputed.popleft()
@@ -184,11 +206,10 @@ class RouteReplay(_replay_base()):  # type: ignore[misc]
             count = True
         if routes is None:
             return scores.gather(1, own), own
-        routes = routes.to(scores.device)
         given = routes[:, :1] != NO_ROUTE  # [tokens, 1]
         used = torch.where(given, routes, own) if self.owner.replay else own  # [tokens, k]
         if count and scored is not None:
-            self.owner.count(routes, own, used, scored.to(scores.device) & given[:, 0])
+            self.owner.count(routes, own, used, scored & given[:, 0])
         return scores.gather(1, used), used
 
 

@@ -115,7 +115,7 @@ class Follower:
         """Rank 0 compares the engines with the trainer (its verdict is broadcast)."""
         return {}
 
-    def routes(self, pb: PolicyBatch) -> None:
+    def routes(self, pb: PolicyBatch, students: int | None) -> None:
         """Rank 0 reads the routes back from the engines (its answer is broadcast)."""
 
     def stale_pairs(self, run: Run, records: list[TrajectoryRecord] | None) -> None:
@@ -288,16 +288,23 @@ class Leader(Follower):
         except RefitError as err:
             return str(err)
 
-    def routes(self, pb: PolicyBatch) -> tuple[list[Any], list[Any]]:
-        """The engines' routes (`Fleet.routes`) of every student and every teacher row."""
+    def routes(self, pb: PolicyBatch, students: int | None) -> tuple[list, list] | str:
+        """The engines' routes (`Fleet.routes`) of every student and teacher row, or (a
+        number of `students`) of the first that many students (None for the other rows, no
+        teachers); the error message if the engines fail."""
 
-        def rows(batch: Any) -> list[list[int]]:
+        def rows(batch: Any, n: int | None = None) -> list[list[int]]:
             if batch is None:
                 return []
-            n = batch.lengths.tolist()
-            return [ids[:k] for ids, k in zip(batch.input_ids.tolist(), n, strict=True)]
+            lengths = batch.lengths.tolist()[:n]
+            return [ids[:k] for ids, k in zip(batch.input_ids.tolist(), lengths, strict=False)]
 
-        return self.fleet.routes(rows(pb.student)), self.fleet.routes(rows(pb.teacher))
+        try:
+            student = self.fleet.routes(rows(pb.student, students))
+            teacher = self.fleet.routes(rows(pb.teacher)) if students is None else []
+        except Exception as err:  # every rank fails with it, none waits for the broadcast
+            return f"{type(err).__name__}: {err}"
+        return student + [None] * (pb.rows - len(student)), teacher
 
     def sleep(self) -> None:
         """The engines let their GPU memory go (colocation)."""

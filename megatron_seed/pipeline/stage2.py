@@ -50,8 +50,9 @@ from megatron_seed.pipeline.one_step_off import play_ahead, staleness
 from megatron_seed.pipeline.preemption import preemption
 from megatron_seed.pipeline.replay import replay_batch, replay_pool
 from megatron_seed.pipeline.roles import Follower, Leader, Played, Slot
+from megatron_seed.pipeline.routes import engine_routes
 from megatron_seed.rollout.refit import RefitError, probe_ids
-from megatron_seed.train.batch import PolicyBatch, build_policy_batch, with_routes
+from megatron_seed.train.batch import PolicyBatch, build_policy_batch
 from megatron_seed.train.checkpoint import (
     export_hf,
     latest_checkpoint,
@@ -137,10 +138,8 @@ def verify_refit(run: Run) -> dict[str, float]:
 
 
 def policy_batch(run: Run, records: list[TrajectoryRecord], timer: Any) -> PolicyBatch:
-    """This update's sequences (every rank builds the same, timed with `train`); for a
-    mixture-of-experts model with the engines' routes of every student and teacher sequence
-    (the `routes` phase), which rank 0 reads back from the engines while they still hold the
-    weights that played them (so not with one-step-off) and broadcasts."""
+    """This update's sequences (every rank builds the same, timed with `train`), with the
+    engines' routes for a mixture-of-experts model (`pipeline.routes`)."""
     cfg = run.cfg
     with timer.time("train"):
         pb = build_policy_batch(
@@ -151,14 +150,7 @@ def policy_batch(run: Run, records: list[TrajectoryRecord], timer: Any) -> Polic
             cfg.algo.adv_eps,
             pad_to_multiple_of=run.trainer.seq_multiple,
         )
-    if not run.trainer.spec.is_moe or cfg.rollout.one_step_off:
-        return pb
-    with timer.time("routes"):
-        student, teacher = broadcast(run.side.routes(pb))
-    pb.student = with_routes(pb.student, student)
-    if pb.teacher is not None:
-        pb.teacher = with_routes(pb.teacher, teacher)
-    return pb
+    return engine_routes(run, pb, timer)
 
 
 def train(run: Run, pb: PolicyBatch) -> dict[str, float]:

@@ -75,16 +75,22 @@ def select_rows(batch: TokenBatch, rows: torch.Tensor) -> TokenBatch:
     return TokenBatch(*(None if x is None else x[rows] for x in fields))
 
 
-def with_routes(batch: TokenBatch, routes: Sequence[Any]) -> TokenBatch:
+def with_routes(batch: TokenBatch, routes: Sequence[Any | None]) -> TokenBatch:
     """`batch` with the engine's routes of its rows: `routes[r]` is row r's `[n_r, layers, k]`
-    (array or tensor, n_r its length); the padding holds `NO_ROUTE`."""
+    (array or tensor, n_r its length), or None for a row without; padding and rows without
+    hold `NO_ROUTE`."""
     b, s = batch.input_ids.shape
     if len(routes) != b:
         raise ValueError(f"{len(routes)} routes for a batch of {b} rows")
-    parts = [torch.as_tensor(r).to(torch.int16) for r in routes]
-    shape = parts[0].shape[1:]  # [layers, k]
+    parts = [None if r is None else torch.as_tensor(r).to(torch.int16) for r in routes]
+    given = [p for p in parts if p is not None]
+    if not given:
+        raise ValueError("no row has routes")
+    shape = given[0].shape[1:]  # [layers, k]
     out = torch.full((b, s, *shape), NO_ROUTE, dtype=torch.int16)  # [b, s, layers, k]
     for row, (part, n) in enumerate(zip(parts, batch.lengths.tolist(), strict=True)):
+        if part is None:
+            continue
         if part.shape != (n, *shape):
             raise ValueError(
                 f"row {row}: routes of shape {tuple(part.shape)} for a {n}-token sequence "

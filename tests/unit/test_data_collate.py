@@ -3,6 +3,8 @@ the log-probs an "engine" records while sampling are exactly what the trainer re
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -190,3 +192,42 @@ def test_routes_join_a_batch_row_by_row_and_follow_its_rows() -> None:
         with_routes(batch, [ra, ra])
     with pytest.raises(ValueError, match="1 routes for a batch of 2 rows"):
         with_routes(batch, [ra])
+
+
+def test_the_leader_reads_routes_of_every_row_or_of_the_first_students(tmp_path) -> None:
+    """With routing replay the routes of every student and teacher row (each its real
+    tokens); without, of the first N students only (the others None, no teachers); an engine
+    failure comes back as one line for every rank to raise."""
+    from types import SimpleNamespace
+
+    from megatron_seed.pipeline.job import Stage2Job
+    from megatron_seed.train.batch import PolicyBatch, with_routes
+
+    asked: list[list[list[int]]] = []
+
+    class Fleet:
+        def routes(self, sequences):
+            asked.append(sequences)
+            if any(s == [0] for s in sequences):
+                raise ValueError("the engine died")
+            return [torch.zeros(len(s), 2, 2, dtype=torch.int16) for s in sequences]
+
+    from megatron_seed.pipeline.roles import Leader
+
+    leader = Leader(Stage2Job("m", ["g"], str(tmp_path)), SimpleNamespace(fleet=Fleet()))
+    seqs = [TokenSequence([5, 6, 7], [False, True, True], [0, -1, -1], [-1, 0, 0]),
+            TokenSequence([8, 9], [False, True], [0, -1], [-1, 0])]  # fmt: skip
+    students = collate([*seqs, seqs[0]], pad_id=0)
+    pb = PolicyBatch(students, collate(seqs[:1], 0), torch.tensor([True, False, False]),
+                     torch.zeros(3), torch.arange(3))  # fmt: skip
+    student, teacher = leader.routes(pb, None)
+    assert asked == [[[5, 6, 7], [8, 9], [5, 6, 7]], [[5, 6, 7]]]
+    assert [r.shape[0] for r in student] == [3, 2, 3] and len(teacher) == 1
+    asked.clear()
+    student, teacher = leader.routes(pb, 1)
+    assert asked == [[[5, 6, 7]]] and teacher == []
+    assert student[1:] == [None, None]
+    routed = with_routes(pb.student, student)  # rows without routes route freely
+    assert (routed.routes[1:] == -1).all() and (routed.routes[0] == 0).all()
+    failing = dataclasses.replace(pb, student=collate([TokenSequence([0], [False], [0], [-1])], 0))
+    assert leader.routes(failing, None) == "ValueError: the engine died"

@@ -1,0 +1,33 @@
+"""The engines' routes of an update's sequences, for a mixture-of-experts model: routing
+replay (`algo.routing_replay`, `models.routing_replay`) and the agreement metric."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from megatron_seed.pipeline.collective import broadcast
+from megatron_seed.train.batch import PolicyBatch, with_routes
+
+if TYPE_CHECKING:
+    from megatron_seed.pipeline.stage2 import Run
+
+
+def engine_routes(run: Run, pb: PolicyBatch, timer: Any) -> PolicyBatch:
+    """`pb` with the engines' routes (the `routes` phase): of every student and teacher
+    sequence with routing replay, else of the first `algo.route_check_rows` students (for
+    the agreement metric); `pb` itself for a dense model or with one-step-off. Rank 0 reads
+    them back from the engines while they still hold the weights that played them and
+    broadcasts them, or the error that stopped it (every rank raises it)."""
+    cfg = run.cfg
+    replay, check = cfg.algo.routing_replay, cfg.algo.route_check_rows
+    if not run.trainer.spec.is_moe or cfg.rollout.one_step_off or not (replay or check):
+        return pb
+    with timer.time("routes"):
+        got = broadcast(run.side.routes(pb, None if replay else check))
+    if isinstance(got, str):
+        raise RuntimeError(f"update {run.step}: reading the engines' routes back: {got}")
+    student, teacher = got
+    pb.student = with_routes(pb.student, student)
+    if pb.teacher is not None and replay:
+        pb.teacher = with_routes(pb.teacher, teacher)
+    return pb
