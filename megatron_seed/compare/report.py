@@ -35,18 +35,32 @@ def method_table(
     return "\n".join(lines)
 
 
+# the report's one sentence on what a single run's numbers can and cannot conclude
+WHAT_IT_SHOWS = (
+    "What these numbers can conclude: they are one run (one seed), and an interval holds "
+    "only the evaluation's sampling noise, so rows whose intervals overlap are not told "
+    "apart, and a gap smaller than a method's spread between seeds (11.6 points in the "
+    "quick size's 3-seed runs, docs/results.md) says nothing about one method against "
+    "another: that takes `seed compare` over several seeds."
+)
+
+
 def table(rows: dict[str, dict[str, Any]], split: str, env: str = DEFAULT_ENV) -> str:
     """Markdown table: one row per method, success (%) per family with its episodes in
-    parentheses, the average over families, the mean episode length and the episodes."""
+    parentheses, the average over families, the success over all the row's episodes with
+    its 95 % (Wilson) interval, the mean episode length and the episodes."""
     cells = {}
     for method, result in rows.items():
         r = result[split]
         counts = r.get("per_family_episodes", {})
+        n = r["episodes"]
+        low, high = wilson(round(r["success"] * n), n) if n else (0.0, 1.0)
+        pooled = f"{100 * r['success']:.1f} [{100 * low:.0f}, {100 * high:.0f}]"
         cells[method] = [
             _rate(r["per_family"][f], counts.get(f)) if f in r["per_family"] else "–"
             for f, _ in family_columns(env)
-        ] + [f"{100 * r['macro_avg']:.1f}", f"{r['episode_length']:.1f}", str(r["episodes"])]
-    return method_table(cells, env, extra=("Len", "Episodes"))
+        ] + [f"{100 * r['macro_avg']:.1f}", pooled, f"{r['episode_length']:.1f}", str(n)]
+    return method_table(cells, env, extra=("All [95 %]", "Len", "Episodes"))
 
 
 def _rate(rate: float, episodes: int | None) -> str:
@@ -121,7 +135,8 @@ def write_report(
             lines.append(f"- {key.replace('_', ' ')}: {_fact(value)}")
     legend = (
         "Success rate (%) at evaluation, with the episodes behind it in parentheses; Avg = "
-        "the mean over the families played; Len = mean episode length (steps); Episodes = "
+        "the mean over the families played; All = the success over all the row's episodes "
+        "with its 95 % interval (Wilson); Len = mean episode length (steps); Episodes = "
         "all episodes of the row; – = no task of that family in this split."
     )
     if any("*" in name for name in evaluations):
@@ -137,6 +152,7 @@ def write_report(
         if all(split in r for r in evaluations.values()):
             decoding = next(iter(evaluations.values()))[split].get("decoding", "greedy")
             lines += [f"## {title} ({decoding})", "", table(evaluations, split, env), ""]
+    lines += [WHAT_IT_SHOWS, ""]
     if png is not None:
         lines += ["## Training curves (Stage 2)", "", "![curves](curves.png)", ""]
     lines += [

@@ -24,9 +24,12 @@ def test_facts_rates_and_legend(tmp_path: Path) -> None:
     text = _report(tmp_path, {"SEED": {"seen": _split(0.25, 8)}})
     assert "{" not in text  # no raw JSON
     assert "- base policy:\n  - games: 6\n  - demonstrations: noisy 48\n" in text
-    assert "| SEED | 25.0 (8) | – | – | – | – | – | 25.0 | 7.5 | 8 |" in text
+    # All: 2 of 8 with Wilson's interval by hand, centre (0.25 + z^2/16) / (1 + z^2/8) =
+    # 0.331, half-width 1.96 sqrt(0.25 * 0.75 / 8 + z^2 / 256) / (1 + z^2/8) = 0.260
+    assert "| SEED | 25.0 (8) | – | – | – | – | – | 25.0 | 25.0 [7, 59] | 7.5 | 8 |" in text
     assert "– = no task of that family" in text and "in parentheses" in text
     assert "marked *" not in text  # no starred row, no note
+    assert "What these numbers can conclude: they are one run (one seed)" in text
 
 
 def test_the_starred_note_only_with_a_starred_row(tmp_path: Path) -> None:
