@@ -35,7 +35,13 @@ from typing import Any
 from envs.spec import DEFAULT_ENV, ENV_HELP
 from megatron_seed import recipes
 from megatron_seed.compare.job import apply_method, run_method_job
-from megatron_seed.compare.report import merge_summaries, phase_seconds, skill_rows, write_summary
+from megatron_seed.compare.report import (
+    merge_summaries,
+    phase_seconds,
+    skill_rows,
+    success_curve,
+    write_summary,
+)
 from megatron_seed.config import SeedConfig
 from megatron_seed.errors import CommandError, output_dir, positive
 from megatron_seed.methods import METHODS
@@ -125,11 +131,12 @@ def run(args: argparse.Namespace) -> int:
         merged = merge_summaries([Path(p) for p in args.merge])
         seeds = merged["seeds"] or args.merge
         summary = (merged["results"], merged["seconds"], merged["skills"])
-        return write_summary(out, *summary, args.env, size, seeds)
+        return write_summary(out, *summary, args.env, size, seeds, merged["curves"])
     job = _named_model_job(args) if args.model else _tiny_world_job(args)
     results: dict[str, list[dict]] = {}
     seconds: dict[str, list[dict[str, float]]] = {}
     skills: dict[str, list[list[dict[str, float]]]] = {}
+    curves: dict[str, list[list[float]]] = {}  # per method, per seed: success per update
     baseline: list[dict] = []
     for seed in args.seeds:
         for method in args.methods:
@@ -141,10 +148,12 @@ def run(args: argparse.Namespace) -> int:
             if metrics.is_file():
                 seconds.setdefault(METHODS[method].label, []).append(phase_seconds(metrics))
                 skills.setdefault(METHODS[method].label, []).append(skill_rows(metrics))
+                curves.setdefault(METHODS[method].label, []).append(success_curve(metrics))
             if method == args.methods[0]:
                 baseline.append(evals["Base (Vanilla)"])
     results = {"Base (Vanilla)": baseline, **results}
-    return write_summary(out, results, seconds, skills, args.env, size, list(args.seeds))
+    seeds = list(args.seeds)
+    return write_summary(out, results, seconds, skills, args.env, size, seeds, curves)
 
 
 def _size_name(args: argparse.Namespace) -> str:

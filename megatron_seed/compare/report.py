@@ -10,6 +10,7 @@ seconds, the analyzer's skill rates).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,43 @@ def skill_rows(metrics_path: Path) -> list[dict[str, float]]:
     return [{key: r.get(key, 0.0) for key, _ in SKILL_KEYS} for r in rows]
 
 
+def success_curve(metrics_path: Path) -> list[float]:
+    """One run's rollout success (fraction of the update's episodes won) per update."""
+    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    return [float(r.get("rollout/success", math.nan)) for r in rows]
+
+
+def plot_learning_curves(curves: dict[str, list[list[float]]], out_png: Path) -> Path | None:
+    """Each method's rollout success per Stage-2 update: the mean over its seeds, and a band
+    from the lowest to the highest seed (None when no method has a curve)."""
+    curves = {m: runs for m, runs in curves.items() if runs and all(runs)}
+    if not curves:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method, runs in curves.items():
+        n = min(len(r) for r in runs)
+        steps = list(range(1, n + 1))
+        per_update = [[100 * r[u] for r in runs] for u in range(n)]
+        mean = [statistics.fmean(v) for v in per_update]
+        line = ax.plot(steps, mean, marker="o", label=f"{method} ({len(runs)} seeds)")[0]
+        low, high = [min(v) for v in per_update], [max(v) for v in per_update]
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("Stage-2 update")
+    ax.set_ylabel("rollout success (%)")
+    ax.set_title("learning curves: mean over seeds, band = lowest to highest seed")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png
+
+
 def skill_table(runs: dict[str, list[list[dict[str, float]]]]) -> str:
     """Per update, each method's valid and degenerate skill rates (mean over seeds, %): the
     policy's own analyzer eroding, or kept by analyzer replay."""
@@ -282,13 +320,15 @@ def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
 def merge_summaries(paths: list[Path]) -> dict[str, Any]:
     """One summary from the compare.json of several comparisons: per method the runs of
     every input, in input order (a method an input lacks has fewer runs); seeds likewise."""
-    merged: dict[str, Any] = {"results": {}, "seconds": {}, "skills": {}, "seeds": []}
+    merged: dict[str, Any] = {
+        "results": {}, "seconds": {}, "skills": {}, "curves": {}, "seeds": [],
+    }  # fmt: skip
     for path in paths:
         file = path / "compare.json" if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(f"no compare.json at {path}")
         summary = json.loads(file.read_text())
-        for key in ("results", "seconds", "skills"):
+        for key in ("results", "seconds", "skills", "curves"):
             for label, runs in summary.get(key, {}).items():
                 merged[key].setdefault(label, []).extend(runs)
         merged["seeds"].extend(summary.get("seeds", []))
@@ -303,8 +343,11 @@ def write_summary(
     env: str,
     size: str,
     seeds: list[Any],
+    curves: dict[str, list[list[float]]] | None = None,
 ) -> int:
-    """OUT/compare.md (the tables) and OUT/compare.json (what they were made from)."""
+    """OUT/compare.md (the tables; with `curves`, each method's rollout success per update
+    and seed, the learning curves in OUT/curves.png) and OUT/compare.json (what they were
+    made from)."""
     out.mkdir(parents=True, exist_ok=True)
     title = " vs ".join(results)
     lines = [f"# {title} on {env} ({size} size, seeds {seeds})", ""]
@@ -322,8 +365,14 @@ def write_summary(
     if table := skill_table(skills):
         lines += ["## the policy's own skills per Stage-2 update (mean over seeds)", ""]
         lines += [table, ""]
+    if plot_learning_curves(curves or {}, out / "curves.png"):
+        lines += ["## learning curves (rollout success per Stage-2 update)", ""]
+        lines += ["![learning curves](curves.png)", ""]
     (out / "compare.md").write_text("\n".join(lines))
-    summary = {"results": results, "seconds": seconds, "skills": skills, "seeds": seeds}
+    summary = {
+        "results": results, "seconds": seconds, "skills": skills, "curves": curves or {},
+        "seeds": seeds,
+    }  # fmt: skip
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n".join(lines))
     return 0

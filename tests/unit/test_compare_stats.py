@@ -90,7 +90,8 @@ def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
         folder = tmp_path / f"s{seed}"
         folder.mkdir()
         summary = {"results": {"SEED": [result(seed_avg)], "GRPO": [result(grpo_avg)]}}
-        summary.update(seconds={}, skills={}, seeds=[seed])
+        curves = {"SEED": [[0.25, seed_avg]], "GRPO": [[0.25, grpo_avg]]}  # success per update
+        summary.update(seconds={}, skills={}, curves=curves, seeds=[seed])
         (folder / "compare.json").write_text(json.dumps(summary))
     merged = merge_summaries([tmp_path / "s0", tmp_path / "s1"])
     assert merged["seeds"] == [0, 1] and len(merged["results"]["SEED"]) == 2
@@ -103,6 +104,10 @@ def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
     assert "seeds [0, 1]" in text
     assert "| SEED | 62.5 ± 158.8 (96) |" in text  # sd 0.177 / sqrt(2) * t(1) 12.71
     assert "- SEED − GRPO: +25.0 ± 0.0 points" in text  # the same gain on both seeds
+    # the learning curves: each method's per-update success over both seeds, drawn
+    assert merged["curves"]["SEED"] == [[0.25, 0.5], [0.25, 0.75]]
+    assert "![learning curves](curves.png)" in text and (out / "curves.png").stat().st_size
+    assert json.loads((out / "compare.json").read_text())["curves"] == merged["curves"]
     with pytest.raises(FileNotFoundError):
         merge_summaries([tmp_path / "nothing"])
 
@@ -184,3 +189,17 @@ def test_compare_and_run_pick_the_tiny_worlds_size(tmp_path, monkeypatch):
     assert main(["run", "--env", "search", "--size", "evidence"]) == 2
     assert main(["compare", "--model", "m", "--games", "g", "--size", "quick"]) == 2
     assert len(sizes) == 6
+
+
+def test_a_runs_success_curve_is_its_rollout_success_per_update(tmp_path):
+    import json
+
+    from megatron_seed.compare.report import plot_learning_curves, success_curve
+
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": 1, "rollout/success": 0.125}, {"step": 2}, {"step": 3, "rollout/success": 1}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curve = success_curve(metrics)
+    assert curve[0] == 0.125 and math.isnan(curve[1]) and curve[2] == 1.0
+    assert plot_learning_curves({"GRPO": [[]]}, tmp_path / "none.png") is None  # nothing
+    assert plot_learning_curves({"GRPO": [curve, [0.5, 0.5]]}, tmp_path / "c.png").is_file()
