@@ -174,6 +174,8 @@ def cell(rates: list[float], episodes: list[int]) -> str:
         return "–"
     n = sum(episodes)
     mean, half = t_interval(rates)
+    if n == 0 and len(rates) == 1:  # no episode count recorded: the rate alone
+        return f"{100 * mean:.1f}"
     if len(rates) == 1 or (half == 0.0 and n > 0):
         won = round(sum(r * e for r, e in zip(rates, episodes, strict=True)))
         low, high = wilson(won, n)

@@ -64,6 +64,7 @@ def test_compare_cells_and_differences():
     assert cell([0.2, 0.4, 0.6], [8, 8, 8]) == "40.0 ± 49.7 (24)"
     assert cell([0.0, 0.0, 0.0], [7, 7, 7]) == "0.0 [0, 15] (21)"  # Wilson of 0/21
     assert cell([0.5, 0.5], [8, 8]) == "50.0 [28, 72] (16)"
+    assert cell([0.5], [0]) == "50.0"  # one seed without an episode count: no interval
     results = {
         "SEED": [_result(0.5, 8), _result(0.6, 8), _result(0.7, 8)],
         "GRPO": [_result(0.4, 8), _result(0.4, 8), _result(0.4, 8)],
