@@ -26,6 +26,12 @@ from megatron_seed.data.sequences import TokenSequence
 NO_ROUTE = -1  # `TokenBatch.routes` of a token with none given: its router picks freely
 
 
+def pad_value(key: str) -> int:
+    """What pads a micro-batch tensor called `key` where no token is: `NO_ROUTE` for the
+    routes (padding routes freely), else 0 (no id, no loss, no mask)."""
+    return NO_ROUTE if key == "routes" else 0
+
+
 @dataclass
 class TokenBatch:
     """A padded batch; every tensor is [b, s] except `lengths` ([b]) and `routes`."""

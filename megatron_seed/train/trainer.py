@@ -49,7 +49,7 @@ from megatron_seed.algo import seed_loss, sequence_weights
 from megatron_seed.algo.diagnostics import opd_condition_metrics, opd_condition_sums
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TokenBatch, align_teacher
-from megatron_seed.data.collate import NO_ROUTE
+from megatron_seed.data.collate import pad_value
 from megatron_seed.data.packing import PackPlan, pack, padded_fraction
 from megatron_seed.models.convert import HFCheckpoint, load_hf_weights
 from megatron_seed.models.logprobs import (
@@ -113,7 +113,7 @@ def _with_replay(
     }
     out = {}
     for key, value in {**tensors, "replay": torch.zeros(m, s, dtype=torch.bool)}.items():
-        fill = NO_ROUTE if key == "routes" else 0  # the replay rows' tokens route freely
+        fill = pad_value(key)  # the replay rows' tokens route freely
         tail = extra.get(key, value.new_full((r, s_r, *value.shape[2:]), fill))
         out[key] = torch.cat([widen(value, fill), widen(tail, fill)])  # [m + r, width, ...]
     return out, torch.cat([lengths, replay.lengths])
@@ -365,7 +365,7 @@ class SeedTrainer:
         rank, size = self.dp
         per = plan.rows // size
         packed = {  # [R, T, ...] each
-            k: plan.pack_tensor(v, NO_ROUTE if k == "routes" else 0) for k, v in tensors.items()
+            k: plan.pack_tensor(v, pad_value(k)) for k, v in tensors.items()
         }
         positions = plan.position_ids()  # [R, T]
         out = []
