@@ -232,16 +232,48 @@ def phase_seconds(metrics_path: Path) -> dict[str, float]:
 
 SKILL_KEYS = (
     ("analyze/valid_rate", "valid %"),
+    ("valid_won", "valid % (won)"),
+    ("valid_lost", "valid % (lost)"),
+    ("lost_share", "lost share %"),
     ("analyze/degenerate_rate", "degenerate %"),
+    ("train/opd/token_frac", "OPD token share %"),
 )
 
 
 def skill_rows(metrics_path: Path) -> list[dict[str, float]]:
-    """Per update, the analyzer's skill metrics of one run ([] when it ran no analyzer)."""
+    """Per update, one run's analyzer metrics: the valid and degenerate skill rates, the
+    valid rate split by the analysed episode's outcome with the lost episodes' share (from
+    the run's trajectories: the analyzer's valid rate is a mix of the two, so a change in
+    outcomes moves it without the analyzer changing), and the share of the update's
+    response tokens the teacher scored (the OPD term's reach). [] when it ran no analyzer;
+    NaN where the update analysed no episode of that outcome."""
     rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
     if not rows or "analyze/degenerate_rate" not in rows[0]:  # fixed skills: no analyzer
         return []
-    return [{key: r.get(key, 0.0) for key, _ in SKILL_KEYS} for r in rows]
+    out = [{key: r.get(key, math.nan) for key, _ in SKILL_KEYS} for r in rows]
+    for update, row in enumerate(out):
+        row.update(_validity_by_outcome(metrics_path.parent, update))
+    return out
+
+
+def _validity_by_outcome(run_dir: Path, update: int) -> dict[str, float]:
+    """One update's valid rate over its analysed won and lost episodes and the lost share
+    (NaN without the update's trajectories file or such episodes)."""
+    path = run_dir / "trajectories" / f"update_{update:05d}.jsonl"
+    if not path.is_file():
+        return {}
+    analysed = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("analysis")]
+    won = [bool(r["analysis"]["valid"]) for r in analysed if r["won"]]
+    lost = [bool(r["analysis"]["valid"]) for r in analysed if not r["won"]]
+
+    def rate(xs: list[bool]) -> float:
+        return sum(xs) / len(xs) if xs else math.nan
+
+    return {
+        "valid_won": rate(won),
+        "valid_lost": rate(lost),
+        "lost_share": len(lost) / len(analysed) if analysed else math.nan,
+    }
 
 
 def success_curve(metrics_path: Path) -> list[float]:
@@ -282,8 +314,9 @@ def plot_learning_curves(curves: dict[str, list[list[float]]], out_png: Path) ->
 
 
 def skill_table(runs: dict[str, list[list[dict[str, float]]]]) -> str:
-    """Per update, each method's valid and degenerate skill rates (mean over seeds, %): the
-    policy's own analyzer eroding, or kept by analyzer replay."""
+    """Per update, each method's `SKILL_KEYS` (mean over seeds, %; a row only where some
+    seed has it): the policy's own analyzer eroding, or kept by analyzer replay, on won and
+    lost episodes, and how much of each update the teacher still reaches."""
     runs = {m: r for m, r in runs.items() if r and all(r)}
     if not runs:
         return ""
@@ -293,11 +326,17 @@ def skill_table(runs: dict[str, list[list[dict[str, float]]]]) -> str:
     for method, seeds in runs.items():
         for key, name in SKILL_KEYS:
             cells = [
-                f"{100 * statistics.fmean(rows[u][key] for rows in seeds):.0f}"
-                for u in range(updates)
+                _percent([rows[u].get(key, math.nan) for rows in seeds]) for u in range(updates)
             ]
-            lines.append(f"| {method} | {name} | " + " | ".join(cells) + " |")
+            if any(c != "–" for c in cells):
+                lines.append(f"| {method} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _percent(values: list[float]) -> str:
+    """The mean of the seeds' values that are numbers, in %; "–" when none is."""
+    known = [v for v in values if not math.isnan(v)]
+    return f"{100 * statistics.fmean(known):.0f}" if known else "–"
 
 
 def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:

@@ -87,23 +87,48 @@ def test_skill_table_averages_each_update_over_seeds(tmp_path):
 
     from megatron_seed.compare.report import skill_rows, skill_table
 
-    def run(name, valid, degenerate=None):
-        path = tmp_path / f"{name}.jsonl"
+    def run(name, valid, degenerate=None, opd=None, outcomes=None):
+        """One run's metrics.jsonl; ``outcomes``: per update, (won, valid) per analysed
+        episode, written as the run's trajectories."""
+        path = tmp_path / name / "metrics.jsonl"
+        path.parent.mkdir()
         rows = [
             {"step": i + 1, "analyze/valid_rate": v}
             | ({} if degenerate is None else {"analyze/degenerate_rate": degenerate[i]})
+            | ({} if opd is None else {"train/opd/token_frac": opd[i]})
             for i, v in enumerate(valid)
         ]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for update, episodes in enumerate(outcomes or []):
+            records = [{"won": w, "analysis": {"valid": v}} for w, v in episodes]
+            records.append({"won": False, "analysis": None})  # not analysed: not counted
+            traj = path.parent / "trajectories" / f"update_{update:05d}.jsonl"
+            traj.parent.mkdir(exist_ok=True)
+            traj.write_text("".join(json.dumps(r) + "\n" for r in records))
         return skill_rows(path)
 
     assert run("library", [1.0, 1.0]) == []  # a fixed library: no analyzer to erode
-    seeds = [run("a", [0.5, 0.25, 0.1], [0.0, 0.5, 0.0]), run("b", [0.25, 0.75], [0.0, 0.0])]
+    outcomes_a = [
+        [(True, True), (True, True), (False, False), (False, True)],
+        [(True, False), (False, False), (False, False), (False, False)],
+        [(True, True)],
+    ]
+    outcomes_b = [[(True, True), (False, False)], [(False, True)]]  # update 2: no win
+    seeds = [
+        run("a", [0.5, 0.25, 0.1], [0.0, 0.5, 0.0], [0.4, 0.2, 0.1], outcomes_a),
+        run("b", [0.25, 0.75], [0.0, 0.0], [0.2, 0.6], outcomes_b),
+    ]
     table = skill_table({"SEED": seeds, "GRPO": []})
     assert table.splitlines()[0] == "| method | skill metric | 1 | 2 |"  # the shortest run
     assert "| SEED | valid % | 38 | 50 |" in table
     assert "| SEED | degenerate % | 0 | 25 |" in table
+    assert "| SEED | OPD token share % | 30 | 40 |" in table
+    assert "| SEED | valid % (won) | 100 | 0 |" in table  # update 2: seed a's only
+    assert "| SEED | valid % (lost) | 25 | 50 |" in table  # (1/2 + 0/1) / 2, (0/3 + 1/1) / 2
+    assert "| SEED | lost share % | 50 | 88 |" in table  # (2/4 + 1/2) / 2, (3/4 + 1) / 2
     assert "GRPO" not in table
+    no_traj = [run("c", [0.5], [0.0]), run("d", [0.5], [0.0])]
+    assert "(won)" not in skill_table({"SEED": no_traj})  # no trajectories: rows left out
 
 
 def test_updates_override_reaches_the_config_and_rlsd_schedule():
