@@ -1,4 +1,4 @@
-"""`seed bench scoring|attention|memory|phases|sync|moe`: what scoring, the teacher pass,
+"""`seed bench scoring|attention|memory|phases|sync|moe|analyzer`: what scoring, the teacher pass,
 attention, the output layer and mixture-of-experts layers cost.
 
 `scoring`:
@@ -21,6 +21,8 @@ attention, the output layer and mixture-of-experts layers cost.
 `sync`: the rollout fleet's weight-sync cost and rollout throughput (`benchmarks.sync`).
 `moe`: one update of a small Qwen3-MoE against a dense Qwen3 of the same active parameters
     (`benchmarks.moe`).
+`analyzer`: finished runs' last analyses re-asked of their final policy under other decoding
+    settings, valid rates by outcome and prompt length (`benchmarks.analyzer`).
 Results go to a JSON file (default bench/WHAT.json) and are printed.
 """
 
@@ -37,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     parser.add_argument(
         "what",
-        choices=["scoring", "attention", "memory", "phases", "sync", "moe"],
+        choices=["scoring", "attention", "memory", "phases", "sync", "moe", "analyzer"],
         help="benchmark",
     )
     parser.add_argument("--out", default=None, help="results file (default bench/WHAT.json)")
@@ -78,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=64, help="sync: rollout prompts")
     parser.add_argument("--max-tokens", type=int, default=128, help="sync: tokens per prompt")
     parser.add_argument("--skip-sync", action="store_true", help="sync: the rollout part only")
+    parser.add_argument(
+        "--runs", nargs="+", default=[], help="analyzer: run folders (OUT of seed run)"
+    )
+    parser.add_argument(
+        "--last", type=int, default=4, help="analyzer: the last N updates' analyses"
+    )
 
 
 def _window_records(records, k: int | None):
@@ -312,6 +320,13 @@ def run(args: argparse.Namespace) -> int:
         from megatron_seed.benchmarks.sync import run_sync
 
         return run_sync(args, out)
+    if args.what == "analyzer":
+        from megatron_seed.benchmarks.analyzer import run as run_analyzer
+
+        if not args.runs or args.last < 1:
+            raise SystemExit("analyzer needs --runs RUN [RUN ...] and --last >= 1")
+        run_analyzer(args.runs, args.last, out)
+        return 0
     if args.what == "moe":
         from megatron_seed.benchmarks.moe import run_moe
 

@@ -1,0 +1,164 @@
+"""What keeps the policy's own analyzer valid: a finished run's analyses, re-asked.
+
+The valid-skill rate of a Stage-2 run is a mix of the analyzer's rate on won and on lost
+episodes, and on short and long ones. This probe takes a run folder (`seed run` or one job
+of `seed compare`), loads the policy it ended with (`stage2/final_hf`: the analyzer shares
+the policy's weights), and re-analyses the episodes its last `last` updates analysed, under
+the run's own skill settings and under each variant of `VARIANTS` (the decoding settings:
+sampling instead of greedy, re-asks with the parse error quoted, a larger token budget).
+For every variant: the valid rate overall, on won and lost episodes, and per analyzer prompt
+length (`LENGTH_BINS`), and the share of invalid replies per reason.
+
+Same weights, same episodes, one engine: the variants differ only in how the analyzer is
+asked. With T = 0 the "as run" row re-measures the run's own rate (the last updates'
+analyses came from slightly earlier weights).
+
+Usage: seed bench analyzer --work RUN [RUN ...] [--last 4] [--out bench/analyzer.json]
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import gc
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# variant name -> the run's `SkillConfig` -> the changes to ask under (decoding settings only)
+VARIANTS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "as run": lambda s: {},
+    "T=1": lambda s: {"temperature": 1.0},
+    "2 re-asks": lambda s: {"max_retries": 2},
+    "2x tokens": lambda s: {"max_tokens": 2 * s.max_tokens},
+}
+LENGTH_BINS = (600, 800)  # analyzer prompt tokens: < 600, 600-799, >= 800
+
+
+def analysed_records(run_dir: Path, last: int) -> list[Any]:
+    """The episodes the run's last ``last`` updates analysed (one per trajectory id), from
+    OUT/stage2/trajectories; a `CommandError` when the run kept none."""
+    from megatron_seed.data.records import read_jsonl
+    from megatron_seed.errors import CommandError
+
+    files = sorted((run_dir / "stage2" / "trajectories").glob("update_*.jsonl"))
+    if not files:
+        raise CommandError(f"{run_dir}: no stage2/trajectories/update_*.jsonl (not a Stage-2 run)")
+    records: dict[str, Any] = {}
+    for path in files[-last:]:
+        for r in read_jsonl(path):
+            if r.analysis is not None and r.analysis.source == "analyzer":
+                records.setdefault(r.analysis.trajectory_id, r)
+    if not records:
+        raise CommandError(f"{run_dir}: its last {last} updates analysed no episode")
+    return list(records.values())
+
+
+def length_bin(prompt_tokens: int) -> str:
+    """The `LENGTH_BINS` label of an analyzer prompt length."""
+    lo = 0
+    for hi in LENGTH_BINS:
+        if prompt_tokens < hi:
+            return f"{lo}-{hi - 1}"
+        lo = hi
+    return f">={lo}"
+
+
+def tally(records: list[Any], lengths: dict[str, int] | None = None) -> dict[str, Any]:
+    """Valid rates of analysed ``records``: overall, by outcome, by prompt length (of the
+    first ask: ``lengths`` by trajectory id, else the analysis's own count, which after
+    re-asks is the last ask's), and the invalid replies' reasons (digits folded to N) with
+    their shares."""
+
+    def rate(rs: list[Any]) -> dict[str, float]:
+        return {"valid": sum(r.analysis.valid for r in rs) / len(rs), "n": len(rs)} if rs else {}
+
+    by_length: dict[str, list[Any]] = collections.defaultdict(list)
+    for r in records:
+        tokens = (lengths or {}).get(r.analysis.trajectory_id, r.analysis.prompt_tokens)
+        by_length[length_bin(tokens)].append(r)
+    invalid = [r for r in records if not r.analysis.valid]
+    reasons = collections.Counter(re.sub(r"\d+", "N", r.analysis.error or "?") for r in invalid)
+    return {
+        "all": rate(records),
+        "won": rate([r for r in records if r.won]),
+        "lost": rate([r for r in records if not r.won]),
+        "by_prompt_tokens": {k: rate(v) for k, v in sorted(by_length.items())},
+        "invalid_reasons": {k: n / len(invalid) for k, n in reasons.most_common()},
+    }
+
+
+def probe_run(
+    run_dir: Path, last: int, variants: dict[str, Callable[[Any], dict[str, Any]]]
+) -> dict[str, Any]:
+    """Re-analyse one run's last analysed episodes with its final policy under each
+    variant (see the module docstring)."""
+    from transformers import AutoTokenizer
+
+    from megatron_seed.config import SeedConfig
+    from megatron_seed.rollout.analyzer import analyze_records
+    from megatron_seed.rollout.engine import VLLMEngine
+    from megatron_seed.rollout.session import engine_spec
+
+    cfg = SeedConfig.load(run_dir / "stage2" / "config.json")
+    model = run_dir / "stage2" / "final_hf"
+    records = analysed_records(run_dir, last)
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    spec = engine_spec(cfg, model)
+    engine = VLLMEngine.from_spec(str(model), spec)
+    out: dict[str, Any] = {"episodes": len(records), "variants": {}}
+    lengths: dict[str, int] = {}  # trajectory id -> the first ask's prompt tokens
+    for name, change in variants.items():
+        skill = dataclasses.replace(cfg.skill, **change(cfg.skill))
+        asked = [dataclasses.replace(copy.deepcopy(r), skill=None, analysis=None) for r in records]
+        limit = spec.max_model_len - skill.max_tokens
+        analyze_records(engine, tokenizer, asked, skill, max_prompt_tokens=limit)
+        if not skill.max_retries:
+            lengths = lengths or {r.analysis.trajectory_id: r.analysis.prompt_tokens for r in asked}
+        out["variants"][name] = tally(asked, lengths)
+        print(f"[{run_dir.name}] {name}: valid {out['variants'][name]['all']['valid']:.3f}")
+    del engine  # one engine at a time: the next run's starts after this one is freed
+    gc.collect()
+    return out
+
+
+def pooled(per_run: dict[str, dict[str, Any]], variant: str, key: str, sub: str = "") -> str:
+    """A variant's valid rate over every run's episodes of one stratum, "x % (n)"."""
+    valid = n = 0.0
+    for run in per_run.values():
+        cell = run["variants"][variant][key]
+        cell = cell.get(sub, {}) if sub else cell
+        if cell:
+            valid += cell["valid"] * cell["n"]
+            n += cell["n"]
+    return f"{100 * valid / n:.0f} ({n:.0f})" if n else "–"
+
+
+def table(per_run: dict[str, dict[str, Any]]) -> str:
+    """Valid % (episodes) per variant: overall, won, lost, each prompt-length bin; pooled
+    over the runs."""
+    lengths = sorted(
+        {b for r in per_run.values() for v in r["variants"].values() for b in v["by_prompt_tokens"]}
+    )
+    heads = ["all", "won", "lost", *[f"prompt {b}" for b in lengths]]
+    lines = ["| variant | " + " | ".join(heads) + " |", "| --- |" + " ---: |" * len(heads)]
+    variants = next(iter(per_run.values()))["variants"]
+    for name in variants:
+        cells = [pooled(per_run, name, k) for k in ("all", "won", "lost")]
+        cells += [pooled(per_run, name, "by_prompt_tokens", b) for b in lengths]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run(work: list[str], last: int, out: Path) -> dict[str, Any]:
+    """Probe every run folder in ``work``; print the pooled table and write ``out``."""
+    per_run = {str(w): probe_run(Path(w), last, VARIANTS) for w in work}
+    text = table(per_run)
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"last_updates": last, "runs": per_run, "table": text}, indent=2))
+    print(f"wrote {out}")
+    return per_run
