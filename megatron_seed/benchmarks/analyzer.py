@@ -1,19 +1,21 @@
 """What keeps the policy's own analyzer valid: a finished run's analyses, re-asked.
 
 The valid-skill rate of a Stage-2 run is a mix of the analyzer's rate on won and on lost
-episodes, and on short and long ones. This probe takes a run folder (`seed run` or one job
-of `seed compare`), loads the policy it ended with (`stage2/final_hf`: the analyzer shares
-the policy's weights), and re-analyses the episodes its last `last` updates analysed, under
-the run's own skill settings and under each variant of `VARIANTS` (the decoding settings:
+episodes, and on short and long ones. This probe takes run folders (the OUT of `seed run`,
+or one job of `seed compare`: each with `stage2/`), loads the policy a run ended with
+(`stage2/final_hf`: the analyzer shares the policy's weights), and re-analyses the
+episodes its last `last` updates analysed (every one, as the run counted them), under the
+run's own skill settings and under each variant of `VARIANTS` (the decoding settings:
 sampling instead of greedy, re-asks with the parse error quoted, a larger token budget).
-For every variant: the valid rate overall, on won and lost episodes, and per analyzer prompt
-length (`LENGTH_BINS`), and the share of invalid replies per reason.
+For every variant: the valid rate overall, on won and lost episodes, and per length of the
+first ask's prompt (`LENGTH_BINS`), and the share of invalid replies per reason.
 
 Same weights, same episodes, one engine: the variants differ only in how the analyzer is
-asked. With T = 0 the "as run" row re-measures the run's own rate (the last updates'
-analyses came from slightly earlier weights).
+asked. Episodes whose first prompt leaves no room for the largest variant's token budget
+are left out of all (counted as ``too_long``). With T = 0 the "as run" row re-measures the
+run's own rate (the last updates' analyses came from slightly earlier weights).
 
-Usage: seed bench analyzer --work RUN [RUN ...] [--last 4] [--out bench/analyzer.json]
+Usage: seed bench analyzer --runs RUN [RUN ...] [--last 4] [--out bench/analyzer.json]
 """
 
 from __future__ import annotations
@@ -26,35 +28,49 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# variant name -> the run's `SkillConfig` -> the changes to ask under (decoding settings only)
-VARIANTS: dict[str, Callable[[Any], dict[str, Any]]] = {
+if TYPE_CHECKING:
+    from megatron_seed.config import SkillConfig
+    from megatron_seed.data import TrajectoryRecord
+
+# variant name -> the run's skill settings -> the changes to ask under (decoding only)
+VARIANTS: dict[str, Callable[[SkillConfig], dict[str, Any]]] = {
     "as run": lambda s: {},
     "T=1": lambda s: {"temperature": 1.0},
     "2 re-asks": lambda s: {"max_retries": 2},
     "2x tokens": lambda s: {"max_tokens": 2 * s.max_tokens},
 }
-LENGTH_BINS = (600, 800)  # analyzer prompt tokens: < 600, 600-799, >= 800
+LENGTH_BINS = (600, 800)  # first-ask prompt tokens: < 600, 600-799, >= 800
 
 
-def analysed_records(run_dir: Path, last: int) -> list[Any]:
-    """The episodes the run's last ``last`` updates analysed (one per trajectory id), from
-    OUT/stage2/trajectories; a `CommandError` when the run kept none."""
+def check_run(run_dir: Path) -> None:
+    """A `CommandError` unless ``run_dir`` holds what the probe reads (before any engine)."""
+    from megatron_seed.errors import CommandError
+
+    for need in ("stage2/config.json", "stage2/final_hf/config.json"):
+        if not (run_dir / need).is_file():
+            raise CommandError(f"{run_dir}: no {need} (not a finished Stage-2 run)")
+    if not any((run_dir / "stage2" / "trajectories").glob("update_*.jsonl")):
+        raise CommandError(f"{run_dir}: no stage2/trajectories/update_*.jsonl")
+
+
+def analysed_records(run_dir: Path, last: int) -> list[TrajectoryRecord]:
+    """The episodes the run's last ``last`` updates had its analyzer analyse, from
+    OUT/stage2/trajectories; a `CommandError` when there are none."""
     from megatron_seed.data.records import read_jsonl
     from megatron_seed.errors import CommandError
 
     files = sorted((run_dir / "stage2" / "trajectories").glob("update_*.jsonl"))
-    if not files:
-        raise CommandError(f"{run_dir}: no stage2/trajectories/update_*.jsonl (not a Stage-2 run)")
-    records: dict[str, Any] = {}
-    for path in files[-last:]:
-        for r in read_jsonl(path):
-            if r.analysis is not None and r.analysis.source == "analyzer":
-                records.setdefault(r.analysis.trajectory_id, r)
+    records = [
+        r
+        for path in files[-last:]
+        for r in read_jsonl(path)
+        if r.analysis is not None and r.analysis.source == "analyzer"
+    ]
     if not records:
         raise CommandError(f"{run_dir}: its last {last} updates analysed no episode")
-    return list(records.values())
+    return records
 
 
 def length_bin(prompt_tokens: int) -> str:
@@ -67,18 +83,16 @@ def length_bin(prompt_tokens: int) -> str:
     return f">={lo}"
 
 
-def tally(records: list[Any], lengths: dict[str, int] | None = None) -> dict[str, Any]:
-    """Valid rates of analysed ``records``: overall, by outcome, by prompt length (of the
-    first ask: ``lengths`` by trajectory id, else the analysis's own count, which after
-    re-asks is the last ask's), and the invalid replies' reasons (digits folded to N) with
-    their shares."""
+def tally(records: list[TrajectoryRecord], lengths: list[int]) -> dict[str, Any]:
+    """Valid rates of analysed ``records``: overall, by outcome, by the length of each one's
+    first-ask prompt (``lengths``, aligned), and the invalid replies' reasons (digits folded
+    to N) with their shares."""
 
     def rate(rs: list[Any]) -> dict[str, float]:
         return {"valid": sum(r.analysis.valid for r in rs) / len(rs), "n": len(rs)} if rs else {}
 
     by_length: dict[str, list[Any]] = collections.defaultdict(list)
-    for r in records:
-        tokens = (lengths or {}).get(r.analysis.trajectory_id, r.analysis.prompt_tokens)
+    for r, tokens in zip(records, lengths, strict=True):
         by_length[length_bin(tokens)].append(r)
     invalid = [r for r in records if not r.analysis.valid]
     reasons = collections.Counter(re.sub(r"\d+", "N", r.analysis.error or "?") for r in invalid)
@@ -92,32 +106,40 @@ def tally(records: list[Any], lengths: dict[str, int] | None = None) -> dict[str
 
 
 def probe_run(
-    run_dir: Path, last: int, variants: dict[str, Callable[[Any], dict[str, Any]]]
+    run_dir: Path, last: int, variants: dict[str, Callable[[SkillConfig], dict[str, Any]]]
 ) -> dict[str, Any]:
     """Re-analyse one run's last analysed episodes with its final policy under each
     variant (see the module docstring)."""
     from transformers import AutoTokenizer
 
     from megatron_seed.config import SeedConfig
+    from megatron_seed.data.requests import request_ids
     from megatron_seed.rollout.analyzer import analyze_records
     from megatron_seed.rollout.engine import VLLMEngine
     from megatron_seed.rollout.session import engine_spec
+    from megatron_seed.skills.parse import build_requests
 
     cfg = SeedConfig.load(run_dir / "stage2" / "config.json")
     model = run_dir / "stage2" / "final_hf"
-    records = analysed_records(run_dir, last)
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     spec = engine_spec(cfg, model)
+    # every variant asks about the same episodes, and with the run's selection already made
+    skills = {
+        name: dataclasses.replace(cfg.skill, **{"select": "all", **change(cfg.skill)})
+        for name, change in variants.items()
+    }
+    limit = spec.max_model_len - max(s.max_tokens for s in skills.values())
+    records = analysed_records(run_dir, last)
+    requests = build_requests(records, cfg.skill.analyzer_layout, cfg.skill.min_words)
+    first = [len(request_ids(tokenizer, q)) for q in requests]
+    kept = [i for i, n in enumerate(first) if n <= limit]
+    records, lengths = [records[i] for i in kept], [first[i] for i in kept]
+    out: dict[str, Any] = {"episodes": len(records), "too_long": len(first) - len(kept)}
+    out["variants"] = {}
     engine = VLLMEngine.from_spec(str(model), spec)
-    out: dict[str, Any] = {"episodes": len(records), "variants": {}}
-    lengths: dict[str, int] = {}  # trajectory id -> the first ask's prompt tokens
-    for name, change in variants.items():
-        skill = dataclasses.replace(cfg.skill, **change(cfg.skill))
+    for name, skill in skills.items():
         asked = [dataclasses.replace(copy.deepcopy(r), skill=None, analysis=None) for r in records]
-        limit = spec.max_model_len - skill.max_tokens
         analyze_records(engine, tokenizer, asked, skill, max_prompt_tokens=limit)
-        if not skill.max_retries:
-            lengths = lengths or {r.analysis.trajectory_id: r.analysis.prompt_tokens for r in asked}
         out["variants"][name] = tally(asked, lengths)
         print(f"[{run_dir.name}] {name}: valid {out['variants'][name]['all']['valid']:.3f}")
     del engine  # one engine at a time: the next run's starts after this one is freed
@@ -155,6 +177,8 @@ def table(per_run: dict[str, dict[str, Any]]) -> str:
 
 def run(work: list[str], last: int, out: Path) -> dict[str, Any]:
     """Probe every run folder in ``work``; print the pooled table and write ``out``."""
+    for w in work:  # every folder checked before the first engine starts
+        check_run(Path(w))
     per_run = {str(w): probe_run(Path(w), last, VARIANTS) for w in work}
     text = table(per_run)
     print(text)

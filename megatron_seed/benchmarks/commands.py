@@ -1,5 +1,6 @@
 """`seed bench scoring|attention|memory|phases|sync|moe|analyzer`: what scoring, the teacher pass,
-attention, the output layer and mixture-of-experts layers cost.
+attention, the output layer and mixture-of-experts layers cost, and what keeps the policy's
+own analyzer valid.
 
 `scoring`:
 
@@ -81,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="sync: tokens per prompt")
     parser.add_argument("--skip-sync", action="store_true", help="sync: the rollout part only")
     parser.add_argument(
-        "--runs", nargs="+", default=[], help="analyzer: run folders (OUT of seed run)"
+        "--runs", nargs="+", default=[], help="analyzer: finished run folders (each with stage2/)"
     )
     parser.add_argument(
         "--last", type=int, default=4, help="analyzer: the last N updates' analyses"

@@ -250,21 +250,25 @@ def skill_rows(metrics_path: Path) -> list[dict[str, float]]:
     rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
     if not rows or "analyze/degenerate_rate" not in rows[0]:  # fixed skills: no analyzer
         return []
-    out = [{key: r.get(key, math.nan) for key, _ in SKILL_KEYS} for r in rows]
-    for update, row in enumerate(out):
-        row.update(_validity_by_outcome(metrics_path.parent, update))
+    out = []
+    for r in rows:
+        row = {key: r.get(key, math.nan) for key, _ in SKILL_KEYS}
+        # update `step` (1-based) wrote its trajectories, before training, as step - 1
+        out.append(row | _validity_by_outcome(metrics_path.parent, int(r["step"]) - 1))
     return out
 
 
 def _validity_by_outcome(run_dir: Path, update: int) -> dict[str, float]:
     """One update's valid rate over its analysed won and lost episodes and the lost share
     (NaN without the update's trajectories file or such episodes)."""
+    from megatron_seed.data.records import read_jsonl
+
     path = run_dir / "trajectories" / f"update_{update:05d}.jsonl"
     if not path.is_file():
         return {}
-    analysed = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("analysis")]
-    won = [bool(r["analysis"]["valid"]) for r in analysed if r["won"]]
-    lost = [bool(r["analysis"]["valid"]) for r in analysed if not r["won"]]
+    analysed = [r for r in read_jsonl(path) if r.analysis is not None]
+    won = [r.analysis.valid for r in analysed if r.won]
+    lost = [r.analysis.valid for r in analysed if not r.won]
 
     def rate(xs: list[bool]) -> float:
         return sum(xs) / len(xs) if xs else math.nan

@@ -86,6 +86,13 @@ def test_skill_table_averages_each_update_over_seeds(tmp_path):
     import json
 
     from megatron_seed.compare.report import skill_rows, skill_table
+    from megatron_seed.data import Analysis, Status, TrajectoryRecord, Turn, write_jsonl
+
+    def _episode(won, analysis):
+        turn = Turn("Your task is to: put a mug in desk.", "look", [5], [-0.1])
+        return TrajectoryRecord(task_id="t", group_id="u0/t", game="t", family="pick",
+                                turns=[turn], won=won, reward=float(won), analysis=analysis,
+                                status=Status.OK if won else Status.MAX_STEPS)  # fmt: skip
 
     def run(name, valid, degenerate=None, opd=None, outcomes=None):
         """One run's metrics.jsonl; ``outcomes``: per update, (won, valid) per analysed
@@ -99,12 +106,11 @@ def test_skill_table_averages_each_update_over_seeds(tmp_path):
             for i, v in enumerate(valid)
         ]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (path.parent / "trajectories").mkdir()
         for update, episodes in enumerate(outcomes or []):
-            records = [{"won": w, "analysis": {"valid": v}} for w, v in episodes]
-            records.append({"won": False, "analysis": None})  # not analysed: not counted
-            traj = path.parent / "trajectories" / f"update_{update:05d}.jsonl"
-            traj.parent.mkdir(exist_ok=True)
-            traj.write_text("".join(json.dumps(r) + "\n" for r in records))
+            records = [_episode(w, Analysis("t", v)) for w, v in episodes]
+            records.append(_episode(False, None))  # not analysed: not counted
+            write_jsonl(records, path.parent / "trajectories" / f"update_{update:05d}.jsonl")
         return skill_rows(path)
 
     assert run("library", [1.0, 1.0]) == []  # a fixed library: no analyzer to erode
@@ -129,6 +135,7 @@ def test_skill_table_averages_each_update_over_seeds(tmp_path):
     assert "GRPO" not in table
     no_traj = [run("c", [0.5], [0.0]), run("d", [0.5], [0.0])]
     assert "(won)" not in skill_table({"SEED": no_traj})  # no trajectories: rows left out
+    assert "OPD token share" not in skill_table({"SEED": no_traj})  # not logged: left out
 
 
 def test_updates_override_reaches_the_config_and_rlsd_schedule():
