@@ -167,6 +167,16 @@ class AlgoConfig(_Checked):
     # with routing replay off: the routes of this many student sequences per update are
     # read back for that share (0: none, no metric; not with one-step-off either)
     route_check_rows: int = _range(8, 0)
+    # An optimizer step whose rows carry no outcome signal (every advantage 0: each group
+    # tied, all won or all lost). "skip" (this project's rule): no step, the Adam state
+    # untouched, so the distillation and KL terms alone never move the policy: Adam is
+    # scale-free, and a step of them alone is an lr-sized step whatever lambda_opd is
+    # (docs/results.md, "No outcome signal"). "step": the paper's equations, which step on
+    # whatever the loss holds. Methods without L_rl (policy_weight 0, OPSD) always step.
+    no_signal: Literal["skip", "step"] = "skip"
+    # Negative control (`grpo-shuffled`): the records' advantages permuted at random within
+    # each update's batch, so the step has GRPO's size and no relation to outcomes
+    shuffle_advantages: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -200,6 +210,12 @@ class OptimConfig(_Checked):
     # widen to it), attention and positions restarting at every sequence (`data.packing`);
     # micro_batch_size is then unused. 0: right-padded rows, micro_batch_size per micro-batch
     micro_batch_tokens: int = _range(0, 0)
+    # the learning rate per Stage-2 update (`train.schedule.lr_at`): a linear warm-up from
+    # lr / (warmup + 1) over the first lr_warmup_updates, then constant or decaying
+    # (cosine, linear) to lr * lr_min_ratio at the last update
+    lr_warmup_updates: int = _range(0, 0)
+    lr_decay: Literal["constant", "cosine", "linear"] = "constant"
+    lr_min_ratio: float = _range(0.0, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -398,6 +414,30 @@ class SeedConfig(_Checked):
         except (OSError, json.JSONDecodeError) as err:
             raise ConfigError(f"cannot read config {path}: {err}") from None
         return cls.from_dict(data)
+
+
+def assignments(items: list[str]) -> dict[str, Any]:
+    """Nested config changes from ``SECTION.FIELD=VALUE`` (or ``FIELD=VALUE``) strings, as
+    `seed run --set` and `seed compare --set` take them: VALUE is read as JSON (numbers,
+    true/false, lists) and else kept as text. Names are checked where the changes are applied
+    (`SeedConfig.with_changes`); a string without ``=`` is a `ConfigError`."""
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. optim.lr=1e-4")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        *path, last = key.strip().split(".")
+        node = changes
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {part} is given a value and fields")
+        node[last] = value
+    return changes
 
 
 def merge_dicts(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ expert plan) is a row of its own, `opsd-paper`.
     vanilla        no      -        -                                     -         -              no
     skill-prompt   no      -        -                                     -         -              yes (Skill-Prompt*)
     grpo           yes     no       use_opd=False                         -         no             no
+    grpo-shuffled  yes     no       use_opd=False, shuffle_advantages     -         no             no
     skill-grpo     yes     no       use_opd=False                         -         library        no and yes (Skill-GRPO*)
     opsd           yes     no       policy_weight=0, snapshot             library   no             no
     opsd-paper     yes     no       policy_weight=0, reverse_kl_pg, snap. expert    no             no
@@ -96,6 +97,12 @@ METHODS: dict[str, Method] = {
             eval_skill_label="Skill-Prompt*",
         ),
         Method("grpo", "GRPO"),
+        Method(
+            "grpo-shuffled",
+            "GRPO, advantages permuted (control)",
+            algo={"shuffle_advantages": True},
+            source="this project (negative control: must not learn)",
+        ),
         Method("skill-grpo", "Skill-GRPO", rollout_skill=True, eval_skill_label="Skill-GRPO*"),
         _baseline("opsd", "OPSD", policy_weight=0.0),
         Method(

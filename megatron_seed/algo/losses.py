@@ -43,6 +43,10 @@ Where this departs from the paper (SEED, Sec. 3.3, Algorithm 1):
      (inf, nan) can neither leak into the value nor produce NaN gradients.
   5. Clip fraction counts tokens whose clipped branch is strictly active (the min picks the
      clipped term, so the token's gradient is zero), as verl's ``pg_clipfrac``.
+  6. A step whose rows carry no outcome signal (every A = 0) is not taken at all by the
+     trainer under ``AlgoConfig.no_signal = "skip"`` (the default; "step" is the paper's):
+     Adam normalises the gradient, so the KL and OPD terms alone would make an lr-sized
+     step whatever beta_kl and lambda_opd are. The loss itself is unchanged.
 
 Option (default off): ``AlgoConfig.loss_agg = "seq_mean_token_mean"`` averages L_rl over
 sequences, each the mean of its own tokens (verl's loss_agg_mode of that name), by scaling
@@ -367,3 +371,57 @@ def seed_loss(
         raise ValueError("policy_weight=0 with beta_kl=0 and use_opd=False leaves no loss term")
     metrics["loss/total"] = total.detach()
     return total, metrics
+
+
+def term_gradients(
+    cfg: AlgoConfig,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    teacher_logp: torch.Tensor | None = None,
+    opd_mask: torch.Tensor | None = None,
+    num_tokens: Count | None = None,
+    num_opd_tokens: Count | None = None,
+    update: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Each weighted term's gradient with respect to the sampled-token log-probs l_theta
+    (what every parameter gradient flows through), ``[b, s]`` each: ``rl`` (policy_weight *
+    L_rl, RLSD's advantages when set), ``kl`` (beta_kl * KL) and ``distill`` (the teacher
+    term D); a term not in the loss is zeros. They add up to `seed_loss`'s gradient.
+    Arguments as `seed_loss`'s; nothing here reaches the caller's graph."""
+    x = logp.detach().requires_grad_(True)  # [b, s]
+    mask = mask.to(torch.bool)
+    denom = _denominator(num_tokens, mask)
+
+    def grad(loss: torch.Tensor) -> torch.Tensor | None:  # [b, s]
+        return torch.autograd.grad(loss, x)[0] if loss.requires_grad else None
+
+    out: dict[str, torch.Tensor | None] = {"rl": None, "kl": None, "distill": None}
+    with torch.enable_grad():
+        if cfg.policy_weight != 0.0:
+            adv = advantages
+            if cfg.advantage_reweight == "rlsd":
+                adv, _ = _rlsd_advantages(
+                    cfg, advantages, old_logp, teacher_logp, mask, opd_mask, denom,
+                    num_opd_tokens, update,
+                )  # fmt: skip
+            rl, _ = policy_loss(x, old_logp, adv, mask, cfg.clip_eps, denom)
+            out["rl"] = grad(cfg.policy_weight * rl)
+        if cfg.beta_kl != 0.0 and ref_logp is not None:
+            out["kl"] = grad(cfg.beta_kl * kl_penalty(x, ref_logp, mask, cfg.kl_kind, denom))
+        if cfg.use_opd and teacher_logp is not None:
+            opd_tokens = _row_mask(opd_mask, mask)  # [b, s]
+            opd_denom = _denominator(num_opd_tokens, opd_tokens)
+            weight, term, _ = _distill(cfg, x, old_logp, teacher_logp, opd_tokens, opd_denom)
+            out["distill"] = grad(weight * term)
+    return {k: torch.zeros_like(x) if g is None else g for k, g in out.items()}
+
+
+def term_grad_sq(*args, **kwargs) -> dict[str, torch.Tensor]:
+    """How one step splits between the loss's terms: the squared L2 norms of
+    `term_gradients` (same arguments), as ``grad_sq/rl``, ``grad_sq/kl`` and
+    ``grad_sq/distill``. Squared norms over disjoint tokens add, so these sum over
+    micro-batches and DP ranks like the other metrics (take the root of the total)."""
+    return {f"grad_sq/{k}": g.pow(2).sum() for k, g in term_gradients(*args, **kwargs).items()}

@@ -42,7 +42,7 @@ from megatron_seed.compare.report import (
     success_curve,
     write_summary,
 )
-from megatron_seed.config import SeedConfig
+from megatron_seed.config import ConfigError, SeedConfig, assignments
 from megatron_seed.errors import CommandError, output_dir, positive
 from megatron_seed.methods import METHODS
 from megatron_seed.pipeline.commands_eval import env_spec, env_tasks
@@ -84,6 +84,26 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skill-library", default=None, help="a family library folder (default: built)"
     )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config fields over the recipe and the method, e.g. optim.lr=1e-4 "
+        "rollout.tasks_per_update=4 (any SeedConfig field; recorded in the report)",
+    )
+
+
+def job_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set``'s nested changes, checked against the config's fields before anything
+    runs (a one-line `CommandError` for an unknown field or a bad value)."""
+    try:
+        changes = assignments(args.settings)
+        SeedConfig().with_changes(changes)
+    except ConfigError as err:
+        raise CommandError(str(err)) from None
+    return changes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,18 +151,23 @@ def run(args: argparse.Namespace) -> int:
         merged = merge_summaries([Path(p) for p in args.merge])
         seeds = merged["seeds"] or args.merge
         summary = (merged["results"], merged["seconds"], merged["skills"])
-        return write_summary(out, *summary, args.env, size, seeds, merged["curves"])
-    job = _named_model_job(args) if args.model else _tiny_world_job(args)
+        curves, settings = merged["curves"], merged["settings"]
+        return write_summary(out, *summary, args.env, size, seeds, curves, settings=settings)
+    settings = job_settings(args)
+    job = _named_model_job(args, settings) if args.model else _tiny_world_job(args, settings)
     results: dict[str, list[dict]] = {}
     seconds: dict[str, list[dict[str, float]]] = {}
     skills: dict[str, list[list[dict[str, float]]]] = {}
     curves: dict[str, list[list[float]]] = {}  # per method, per seed: success per update
     baseline: list[dict] = []
+    stage1: dict[int, dict] = {}
     for seed in args.seeds:
         for method in args.methods:
             evals = job(out, method, seed)["evaluations"]
             for label, result in evals.items():
-                if label not in ("Base (Vanilla)", "Stage-1 SFT"):
+                if label == "Stage-1 SFT":  # one per seed: SEED's start (same for each method)
+                    stage1.setdefault(seed, result)
+                elif label != "Base (Vanilla)":
                     results.setdefault(label, []).append(result)
             metrics = out / f"{method}-seed{seed}" / "stage2" / "metrics.jsonl"
             if metrics.is_file():
@@ -151,9 +176,14 @@ def run(args: argparse.Namespace) -> int:
                 curves.setdefault(METHODS[method].label, []).append(success_curve(metrics))
             if method == args.methods[0]:
                 baseline.append(evals["Base (Vanilla)"])
-    results = {"Base (Vanilla)": baseline, **results}
+    first = {"Base (Vanilla)": baseline}
+    if len(stage1) == len(args.seeds):
+        first["Stage-1 SFT"] = [stage1[s] for s in args.seeds]
+    results = {**first, **results}
     seeds = list(args.seeds)
-    return write_summary(out, results, seconds, skills, args.env, size, seeds, curves)
+    return write_summary(
+        out, results, seconds, skills, args.env, size, seeds, curves, settings=args.settings
+    )
 
 
 def _size_name(args: argparse.Namespace) -> str:
@@ -168,7 +198,7 @@ def tiny_world_size(args: argparse.Namespace) -> str:
     return args.size or "full"
 
 
-def _tiny_world_job(args: argparse.Namespace) -> Any:
+def _tiny_world_job(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
     """(out, method, seed) -> one job of the tiny world (`seed run`'s), sharing the seed's
     base policy, games and library folders between methods."""
     if args.games or args.recipe or args.stage1_tasks:
@@ -195,12 +225,13 @@ def _tiny_world_job(args: argparse.Namespace) -> Any:
             user_library=args.skill_library,
             updates=args.updates,
             eval_episodes=args.eval_episodes,
+            settings=settings,
         )
 
     return job
 
 
-def _named_model_job(args: argparse.Namespace) -> Any:
+def _named_model_job(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
     """(out, method, seed) -> one job from ``--model`` on the tasks of ``--games``."""
     if args.size:
         raise CommandError("--size / --quick size the tiny world; with --model use --recipe")
@@ -216,7 +247,7 @@ def _named_model_job(args: argparse.Namespace) -> Any:
 
     def job(out: Path, method: str, seed: int) -> dict[str, Any]:
         cfg = apply_method(base_cfg, method).with_changes({"env": {"name": args.env}})
-        cfg = cfg.with_changes({"seed": seed})
+        cfg = cfg.with_changes({"seed": seed}).with_changes(settings)
         facts: dict[str, Any] = {"environment": args.env, "size": _size_name(args)}
         facts |= {"algorithm": method, "seed": seed, "base_model": str(args.model)}
         return run_method_job(

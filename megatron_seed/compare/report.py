@@ -17,6 +17,7 @@ from typing import Any
 
 from envs.spec import DEFAULT_ENV, get_env
 from megatron_seed.compare.stats import paired_difference, t_interval, wilson
+from megatron_seed.errors import CommandError
 
 
 def family_columns(env: str = DEFAULT_ENV) -> tuple[tuple[str, str], ...]:
@@ -377,6 +378,13 @@ def merge_summaries(paths: list[Path]) -> dict[str, Any]:
             for label, runs in summary.get(key, {}).items():
                 merged[key].setdefault(label, []).extend(runs)
         merged["seeds"].extend(summary.get("seeds", []))
+        settings = summary.get("settings", [])
+        if merged.setdefault("settings", settings) != settings:
+            raise CommandError(
+                f"{file}: run with --set {settings or 'nothing'}, the first input with "
+                f"{merged['settings'] or 'nothing'}: merge only comparisons of one config"
+            )
+    merged.setdefault("settings", [])
     return merged
 
 
@@ -389,13 +397,16 @@ def write_summary(
     size: str,
     seeds: list[Any],
     curves: dict[str, list[list[float]]] | None = None,
+    settings: list[str] | None = None,
 ) -> int:
     """OUT/compare.md (the tables; with `curves`, each method's rollout success per update
     and seed, the learning curves in OUT/curves.png) and OUT/compare.json (what they were
-    made from)."""
+    made from). ``settings``: the ``--set`` changes every job ran with."""
     out.mkdir(parents=True, exist_ok=True)
     title = " vs ".join(results)
     lines = [f"# {title} on {env} ({size} size, seeds {seeds})", ""]
+    if settings:
+        lines += ["Config changes over the recipe (`--set`): " + ", ".join(settings), ""]
     lines += [
         "Success (%): mean over seeds ± the 95 % t interval (one seed, or the same rate from "
         "every seed: [Wilson's interval] over the pooled episodes), episodes in parentheses.",
@@ -416,7 +427,7 @@ def write_summary(
     (out / "compare.md").write_text("\n".join(lines))
     summary = {
         "results": results, "seconds": seconds, "skills": skills, "curves": curves or {},
-        "seeds": seeds,
+        "seeds": seeds, "settings": list(settings or []),
     }  # fmt: skip
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n".join(lines))

@@ -52,7 +52,12 @@ from megatron_seed.pipeline.replay import replay_batch, replay_pool
 from megatron_seed.pipeline.roles import Follower, Leader, Played, Slot
 from megatron_seed.pipeline.routes import engine_routes
 from megatron_seed.rollout.refit import RefitError, probe_ids
-from megatron_seed.train.batch import PolicyBatch, build_policy_batch
+from megatron_seed.train.batch import (
+    PolicyBatch,
+    build_policy_batch,
+    outcome_signal,
+    permute_advantages,
+)
 from megatron_seed.train.checkpoint import (
     export_hf,
     latest_checkpoint,
@@ -107,7 +112,7 @@ def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dic
     """The `train` then `sync` phases; with colocated engines (`fleet.colocate`) the GPUs
     change hands around them (`pipeline.colocation`)."""
     colocate = run.cfg.fleet.colocate
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = outcome_signal(records)
     pb = policy_batch(run, records, timer)  # engines still hold the weights that played
     handover = trainer_turn(run.side, run.trainer) if colocate else contextlib.nullcontext()
     with handover, timer.time("train"):
@@ -150,6 +155,10 @@ def policy_batch(run: Run, records: list[TrajectoryRecord], timer: Any) -> Polic
             cfg.algo.adv_eps,
             pad_to_multiple_of=run.trainer.seq_multiple,
         )
+        if cfg.algo.shuffle_advantages:  # the negative control: same on every rank
+            pb = permute_advantages(
+                pb, torch.Generator().manual_seed(cfg.seed * 100_003 + run.step)
+            )
     return engine_routes(run, pb, timer)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_seed.compare.commands import add_job_arguments, tiny_world_size
+from megatron_seed.compare.commands import add_job_arguments, job_settings, tiny_world_size
 from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.methods import METHODS
 from megatron_seed.testbed import ENV
@@ -60,5 +60,6 @@ def run(args: argparse.Namespace) -> int:
         user_library=args.skill_library,
         updates=args.updates,
         eval_episodes=args.eval_episodes,
+        settings=job_settings(args),
     )
     return 0

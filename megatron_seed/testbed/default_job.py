@@ -64,11 +64,12 @@ def job_config(
     seed: int = 0,
     env: str = ENV,
     updates: int | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> SeedConfig:
     """The default job's config: its recipe (`megatron_seed.recipes`) over the
     environment's rollout budgets, for this method and seed (the environment's
     `testbed.profiles` rollout settings on top); ``updates``: Stage-2 updates instead of the
-    recipe's."""
+    recipe's; ``settings``: nested config changes applied last (`seed run --set`)."""
     from megatron_seed import recipes
 
     cfg = recipes.on_env(recipes.get(size.recipe).config, get_env(env).rollout)
@@ -77,7 +78,8 @@ def job_config(
     cfg = apply_method(cfg, algo)
     rollout = dataclasses.replace(cfg.rollout, **profile(env).rollout)
     env_cfg = dataclasses.replace(cfg.env, name=env)
-    return dataclasses.replace(cfg, rollout=rollout, env=env_cfg, seed=seed)
+    cfg = dataclasses.replace(cfg, rollout=rollout, env=env_cfg, seed=seed)
+    return cfg.with_changes(settings) if settings else cfg
 
 
 def job_size(env: str, size: str) -> JobSize:
@@ -116,11 +118,13 @@ def run_default_job(
     user_library: str | Path | None = None,
     updates: int | None = None,
     eval_episodes: int | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the whole job on ``env`` at size ``size`` (`testbed.profiles`: full,
     quick, evidence); returns the evaluations and facts of the report. ``updates``: Stage-2
     updates instead of the recipe's; ``eval_episodes``: sampled evaluation episodes per
-    training game instead of the size's.
+    training game instead of the size's; ``settings``: config changes over the recipe and the
+    method (`seed run --set`).
 
     ``base_dir`` / ``games_dir`` / ``library_dir`` (default under ``out_dir``): where the base
     policy (with its cached evaluation), the games and the family skill library built from
@@ -135,7 +139,7 @@ def run_default_job(
         sizing = dataclasses.replace(sizing, train_eval_episodes=eval_episodes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = job_config(sizing, algo, seed, env, updates)
+    cfg = job_config(sizing, algo, seed, env, updates, settings)
     own = method_phases(method_of(algo), user_library is not None)
     phases = Phases(["games", "base policy", *own])
     phases.start("games")
@@ -153,6 +157,8 @@ def run_default_job(
     )
     facts: dict[str, Any] = {"environment": env, "size": sizing.name, "algorithm": algo}
     facts["seed"] = seed
+    if settings:
+        facts["settings"] = settings
     facts["base_policy"] = _base_facts(read_manifest(base_root))
     return run_method_job(
         out, base, games, cfg, algo, stage1_tasks=sizing.stage1_tasks,

@@ -98,3 +98,36 @@ def with_routes(batch: TokenBatch, routes: Sequence[Any | None]) -> TokenBatch:
             )
         out[row, :n] = part
     return dataclasses.replace(batch, routes=out)
+
+
+def outcome_signal(records: Sequence[TrajectoryRecord]) -> dict[str, float]:
+    """What the update's outcomes can teach: its GRPO groups (trainable records) and the
+    shares that are tied (every reward equal: advantage 0) with every episode won or lost,
+    and the share with a signal (`batch/signal_frac`)."""
+    groups: dict[Any, list[TrajectoryRecord]] = {}
+    for r in records:
+        if r.trainable:
+            groups.setdefault(r.group_id, []).append(r)
+    n = len(groups)
+    if not n:
+        return {}
+    tied = [g for g in groups.values() if len({r.reward for r in g}) == 1]
+    won = sum(all(r.won for r in g) for g in tied)
+    lost = sum(not any(r.won for r in g) for g in tied)
+    return {
+        "batch/groups": float(n),
+        "batch/tied_won_frac": won / n,
+        "batch/tied_lost_frac": lost / n,
+        "batch/signal_frac": (n - len(tied)) / n,
+    }
+
+
+def permute_advantages(pb: PolicyBatch, generator: torch.Generator) -> PolicyBatch:
+    """`pb` with its records' advantages permuted at random across the batch (the negative
+    control `AlgoConfig.shuffle_advantages`): every row of a record takes the advantage of
+    the record it is paired with; the multiset of advantages is unchanged."""
+    records = int(pb.record_index.max()) + 1
+    per_record = torch.zeros(records, dtype=pb.advantages.dtype)  # [n]
+    per_record[pb.record_index] = pb.advantages
+    perm = torch.randperm(records, generator=generator)  # [n]
+    return dataclasses.replace(pb, advantages=per_record[perm][pb.record_index])

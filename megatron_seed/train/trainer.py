@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from megatron_seed.algo import seed_loss, sequence_weights
 from megatron_seed.algo.diagnostics import opd_condition_metrics, opd_condition_sums
+from megatron_seed.algo.losses import term_grad_sq
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TokenBatch, align_teacher
 from megatron_seed.data.collate import pad_value
@@ -61,6 +62,7 @@ from megatron_seed.models.logprobs import (
 )
 from megatron_seed.models.qwen import QwenSpec, build_gpt_model
 from megatron_seed.train.batch import PolicyBatch, select_rows
+from megatron_seed.train.schedule import lr_at
 
 
 @dataclass
@@ -84,6 +86,7 @@ def _metric_keys(cfg: SeedConfig) -> list[str]:
     z = torch.zeros(1, 2)
     m = torch.ones(1, 2, dtype=torch.bool)
     _, metrics = seed_loss(cfg.algo, z, z, torch.zeros(1), m, z, z, update=0)
+    metrics.update(term_grad_sq(cfg.algo, z, z, torch.zeros(1), m, z, z, update=0))
     if cfg.algo.replay_weight:
         metrics[REPLAY_NLL] = torch.zeros(())
     return sorted(metrics)
@@ -130,6 +133,25 @@ def _opd_condition(
         old, teacher, opd_tokens, pb.advantages, pb.record_index, beta, pb.won
     )
     return opd_condition_metrics(sums)
+
+
+def carries_signal(algo: Any, advantages: torch.Tensor) -> bool:
+    """Whether an optimizer step on rows with these advantages ([m]) is taken: always,
+    unless `algo.no_signal` is "skip", the loss has L_rl and every advantage is 0."""
+    if algo.no_signal == "step" or algo.policy_weight == 0.0:
+        return True
+    return bool(advantages.ne(0).any())
+
+
+def _policy_stats(old: torch.Tensor, batch: TokenBatch) -> dict[str, float]:
+    """The sampled action tokens under theta_old: `policy/logp_mean` (their mean log-prob)
+    and `policy/entropy_est` = -logp_mean, which estimates the policy's per-token entropy
+    when the tokens were sampled from it at temperature 1. old: [B, s]."""
+    logp = old[batch.loss_mask]  # [n]
+    if not logp.numel():
+        return {}
+    mean = float(logp.mean())
+    return {"policy/logp_mean": mean, "policy/entropy_est": -mean}
 
 
 def _mismatch(old: torch.Tensor, batch: TokenBatch) -> dict[str, float]:
@@ -495,6 +517,8 @@ class SeedTrainer:
         algo = self.cfg.algo
         if bool(algo.replay_weight) != (replay is not None):
             raise ValueError("algo.replay_weight > 0 needs replay examples, and only then")
+        lr = lr_at(self.cfg.optim, self.state.step, max(1, self.cfg.updates))
+        self.set_lr(lr)
         old = self.score(pb.student, count_routes=True)  # [B, s]
         if algo.beta_kl and self.ref_model is None:
             raise RuntimeError("beta_kl != 0 needs the reference model (reference=True)")
@@ -512,7 +536,11 @@ class SeedTrainer:
             first_teacher = torch.zeros_like(old)  # [B, s]
         totals: dict[str, float] = {}
         minis = parts * self.cfg.optim.epochs_per_update
+        steps = 0
         for i, mini in enumerate(minis):
+            if not carries_signal(algo, pb.advantages[mini]):
+                continue  # `AlgoConfig.no_signal`: no step, the Adam state untouched
+            steps += 1
             teacher = None
             if use_opd:
                 teacher = (
@@ -524,7 +552,14 @@ class SeedTrainer:
                 pb, mini, old[mini], None if ref is None else ref[mini], teacher, replay
             )
             for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value / len(minis)
+                totals[key] = totals.get(key, 0.0) + value
+        totals = {k: v / steps for k, v in totals.items()}  # mean over the steps taken
+        for key in [k for k in totals if k.startswith("grad_sq/")]:
+            totals["grad/" + key.removeprefix("grad_sq/")] = math.sqrt(totals.pop(key))
+        totals["lr"] = lr
+        totals["steps"] = float(steps)
+        totals["steps_skipped"] = float(len(minis) - steps)
+        totals.update(_policy_stats(old, pb.student))
         totals.update(_mismatch(old, pb.student))
         if use_opd:
             totals.update(_opd_condition(pb, old, first_teacher, algo.beta_opd))
@@ -571,12 +606,12 @@ class SeedTrainer:
 
         def loss_fn(mb: dict[str, torch.Tensor], nll: torch.Tensor):
             dev = nll.device
-            loss, metrics = seed_loss(
-                algo,
-                -nll,  # [b, s] log pi_theta, with grad
+            args = (
                 mb["old"].to(dev),
                 mb["adv"].to(dev),
                 mb["mask"].to(dev),
+            )
+            kwargs = dict(
                 ref_logp=mb["ref"].to(dev),
                 teacher_logp=mb["teacher"].to(dev),
                 opd_mask=mb["opd_mask"].to(dev),
@@ -584,6 +619,9 @@ class SeedTrainer:
                 num_opd_tokens=num_opd.clamp(min=1.0),
                 update=update,
             )
+            logp = -nll  # [b, s] log pi_theta, with grad
+            loss, metrics = seed_loss(algo, logp, *args, **kwargs)
+            metrics.update(term_grad_sq(algo, logp, *args, **kwargs))  # logged only
             if replay is not None:  # analyzer replay: the Stage-1 NLL on the answer tokens
                 replay_nll = (nll * mb["replay"].to(dev)).sum() / num_replay
                 loss = loss + algo.replay_weight * replay_nll

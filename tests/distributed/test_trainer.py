@@ -282,7 +282,10 @@ def test_checkpoint_at_tp2_resumes_at_tp1(tp_checkpoint, tmp_path):
 
 def test_opd_lowers_its_loss_and_grpo_raises_the_winner(tp_checkpoint):
     hf, tok = tp_checkpoint
-    opd_cfg = SeedConfig(algo=AlgoConfig(lambda_opd=1.0, beta_kl=0.0), optim=OptimConfig(lr=3e-4))
+    # every group tied (all won): the OPD term alone, which only the paper's rule steps on
+    opd_cfg = SeedConfig(
+        algo=AlgoConfig(lambda_opd=1.0, beta_kl=0.0, no_signal="step"), optim=OptimConfig(lr=3e-4)
+    )
     grpo_cfg = SeedConfig(algo=AlgoConfig(use_opd=False, beta_kl=0.0), optim=OptimConfig(lr=3e-4))
     out = spawn(workers.learning_curves, 1, hf, tok, opd_cfg, grpo_cfg, 4)[0]
     opd = out["opd"]
@@ -379,3 +382,28 @@ def test_analyzer_replay_adds_its_weighted_nll_in_any_layout(tp_checkpoint):
         assert metrics["loss/replay_nll"] == pytest.approx(nll["nll"], rel=1e-5), name
         worst = max(_rel(grads[k], g_replay[k]) for k in grads)
         assert worst <= 1e-5, (name, worst)
+
+
+def test_a_batch_without_outcome_signal_does_not_move_the_default_jobs_policy(tp_checkpoint):
+    """The default job's recipe (SEED: OPD + KL, Adam at its lr) on a batch whose groups are
+    all tied, one all lost and one all won: no step, the policy bitwise unchanged (the rule
+    `algo.no_signal = "skip"`). Under the paper's rule ("step", the recipe before it) the
+    same batch moves every sampled token's log-prob by an lr-sized Adam step of OPD + KL
+    alone; one group with a signal makes the step."""
+    from megatron_seed import recipes
+
+    hf, tok = tp_checkpoint
+    recipe = recipes.get("default").config
+    assert recipe.algo.no_signal == "skip" and recipe.algo.use_opd and recipe.algo.beta_kl > 0
+    tied = spawn(workers.no_signal_update, 1, hf, tok, recipe, [0.0, 0.0, 1.0, 1.0])[0]
+    mask = tied["before"] != 0
+    assert torch.equal(tied["before"], tied["after"])
+    assert tied["metrics"]["steps"] == 0 and tied["metrics"]["steps_skipped"] == 1
+    paper = recipe.with_changes({"algo": {"no_signal": "step"}})
+    stepped = spawn(workers.no_signal_update, 1, hf, tok, paper, [0.0, 0.0, 1.0, 1.0])[0]
+    moved = (stepped["after"] - stepped["before"])[mask].abs()
+    assert float(moved.mean()) > 1e-3, float(moved.mean())  # an lr-sized step, lambda_opd or not
+    assert stepped["metrics"]["grad/rl"] == 0 and stepped["metrics"]["grad/distill"] > 0
+    signal = spawn(workers.no_signal_update, 1, hf, tok, recipe, [0.0, 1.0, 1.0, 1.0])[0]
+    assert signal["metrics"]["steps"] == 1 and signal["metrics"]["grad/rl"] > 0
+    assert not torch.equal(signal["before"], signal["after"])

@@ -702,3 +702,20 @@ def parameter_dtypes(hf_dir: str, precision: str) -> dict:
     spec = qwen.QwenSpec.from_pretrained(hf_dir)
     model = qwen.build_gpt_model(spec, precision=precision, use_te=False)
     return {name: str(p.dtype) for name, p in model.named_parameters()}
+
+
+def no_signal_update(hf_dir, tok_dir, cfg, rewards):
+    """One update on a batch whose groups have these rewards (one per record, 2 groups of
+    2, every record with a valid skill): the student log-probs before and after, and the
+    metrics."""
+    from transformers import AutoTokenizer
+
+    from megatron_seed.train.batch import build_policy_batch
+
+    trainer, records, _ = _setup(hf_dir, tok_dir, 1, 1, cfg, groups=2, group_size=2, turns=3)
+    for record, reward in zip(records, rewards, strict=True):
+        record.reward, record.won = reward, reward > 0
+    pb = build_policy_batch(records, AutoTokenizer.from_pretrained(tok_dir))
+    before = trainer.score(pb.student)
+    metrics = trainer.train_step(pb)
+    return {"before": before, "after": trainer.score(pb.student), "metrics": metrics}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 
@@ -34,7 +35,7 @@ ABLATIONS = ["no-sft", "no-opd", "static-skills"]
 
 
 def test_every_table_row_and_ablation_has_a_name():
-    assert set(TABLE_1 + ABLATIONS + ["opsd-paper", "seed-replay"]) == set(METHODS)
+    assert set(TABLE_1 + ABLATIONS + ["opsd-paper", "seed-replay", "grpo-shuffled"]) == set(METHODS)
     assert [m for m in METHODS if not METHODS[m].trains] == ["vanilla", "skill-prompt"]
     with pytest.raises(CommandError, match="unknown method 'ppo'; choose one of vanilla"):
         get_method("ppo")
@@ -255,6 +256,7 @@ def test_compare_help_lists_every_method():
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "COLUMNS": "1000"},  # argparse wraps at hyphens otherwise
     )
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
