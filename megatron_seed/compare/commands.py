@@ -36,6 +36,7 @@ from envs.spec import DEFAULT_ENV, ENV_HELP
 from megatron_seed import recipes
 from megatron_seed.compare.job import apply_method, run_method_job
 from megatron_seed.compare.report import (
+    fixed_curve,
     merge_summaries,
     phase_seconds,
     skill_rows,
@@ -83,6 +84,14 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--skill-library", default=None, help="a family library folder (default: built)"
+    )
+    parser.add_argument(
+        "--curve-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every N Stage-2 updates, evaluate the policy on the training games with the "
+        "final evaluation's draws: a learning curve on fixed games (0: none)",
     )
     parser.add_argument(
         "--set",
@@ -151,14 +160,17 @@ def run(args: argparse.Namespace) -> int:
         merged = merge_summaries([Path(p) for p in args.merge])
         seeds = merged["seeds"] or args.merge
         summary = (merged["results"], merged["seconds"], merged["skills"])
-        curves, settings = merged["curves"], merged["settings"]
-        return write_summary(out, *summary, args.env, size, seeds, curves, settings=settings)
+        curves, settings, fixed = merged["curves"], merged["settings"], merged["fixed_curves"]
+        return write_summary(
+            out, *summary, args.env, size, seeds, curves, settings=settings, fixed=fixed
+        )
     settings = job_settings(args)
     job = _named_model_job(args, settings) if args.model else _tiny_world_job(args, settings)
     results: dict[str, list[dict]] = {}
     seconds: dict[str, list[dict[str, float]]] = {}
     skills: dict[str, list[list[dict[str, float]]]] = {}
     curves: dict[str, list[list[float]]] = {}  # per method, per seed: success per update
+    fixed: dict[str, list[list[list[float]]]] = {}  # per method, per seed: [update, success]
     baseline: list[dict] = []
     stage1: dict[int, dict] = {}
     for seed in args.seeds:
@@ -174,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
                 seconds.setdefault(METHODS[method].label, []).append(phase_seconds(metrics))
                 skills.setdefault(METHODS[method].label, []).append(skill_rows(metrics))
                 curves.setdefault(METHODS[method].label, []).append(success_curve(metrics))
+                if args.curve_every:
+                    fixed.setdefault(METHODS[method].label, []).append(fixed_curve(metrics))
             if method == args.methods[0]:
                 baseline.append(evals["Base (Vanilla)"])
     first = {"Base (Vanilla)": baseline}
@@ -182,8 +196,9 @@ def run(args: argparse.Namespace) -> int:
     results = {**first, **results}
     seeds = list(args.seeds)
     return write_summary(
-        out, results, seconds, skills, args.env, size, seeds, curves, settings=args.settings
-    )
+        out, results, seconds, skills, args.env, size, seeds, curves, settings=args.settings,
+        fixed=fixed,
+    )  # fmt: skip
 
 
 def _size_name(args: argparse.Namespace) -> str:
@@ -226,6 +241,7 @@ def _tiny_world_job(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
             updates=args.updates,
             eval_episodes=args.eval_episodes,
             settings=settings,
+            curve_every=args.curve_every,
         )
 
     return job
@@ -262,6 +278,7 @@ def _named_model_job(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
             base_root=out / f"base-seed{seed}",
             library_dir=out / f"library-seed{seed}",
             user_library=args.skill_library,
+            curve_every=args.curve_every,
         )
 
     return job

@@ -86,6 +86,7 @@ def run_method_job(
     user_library: str | Path | None = None,
     title: str | None = None,
     phases: Phases | None = None,
+    curve_every: int = 0,
 ) -> dict[str, Any]:
     """Run (or resume) method ``algo`` from the ``base`` HF folder on ``games`` (train, seen,
     unseen task paths) with ``cfg`` (`apply_method`'s); returns the evaluations and facts of
@@ -99,7 +100,8 @@ def run_method_job(
     ``user_library``: a library folder to use instead;
     ``title``: the environment's name in the report (default its registry name);
     ``phases``: the job's phase lines, whose start is the job's (default: this method's
-    phases, starting now)."""
+    phases, starting now); ``curve_every``: Stage 2 evaluates its policy on the training
+    games every that many updates with the final evaluation's draws (0: never)."""
     method = method_of(algo)
     phases = phases or Phases(method_phases(method, bool(user_library)))
     out.mkdir(parents=True, exist_ok=True)
@@ -121,7 +123,8 @@ def run_method_job(
         final = base
         if method.trains:
             phases.start("stage 2")
-            final = run_stage2_job(out, init, games["train"], cfg, fleet, library)
+            curve = (curve_every, train_eval_episodes)
+            final = run_stage2_job(out, init, games["train"], cfg, fleet, library, curve)
             if method.stage1:
                 models["Stage-1 SFT"] = (init, False)
             if method.eval_plain:
@@ -265,10 +268,13 @@ def run_stage2_job(
     cfg: SeedConfig,
     fleet: JobFleet,
     library: Path | None = None,
+    curve: tuple[int, int] = (0, 0),
 ) -> Path:
     """The method's Stage-2 updates with the fleet and the Megatron trainer -> the final HF
     folder. Fixed skills: the family ``library`` folder, or this job's Stage-1 annotations
-    (``static-skills``), or the expert plans (`skills.library.game_skills`)."""
+    (``static-skills``), or the expert plans (`skills.library.game_skills`). ``curve``:
+    (every, episodes): evaluate on the training games every that many updates, that many
+    sampled episodes per game, with the final evaluation's draws."""
     from megatron_seed.models.parallel import spawn
     from megatron_seed.pipeline.stage2 import Stage2Job, check_job, run_stage2
     from megatron_seed.skills.library import game_skills
@@ -285,6 +291,10 @@ def run_stage2_job(
             fleet_address=fleet.get().address,
             skill_library=game_skills(cfg, get_env(cfg.env.name), games, source),
             replay_data=str(annotated) if cfg.algo.replay_weight else None,
+            eval_games=games if curve[0] else [],
+            eval_every=curve[0],
+            eval_episodes=curve[1] if curve[0] else 0,
+            eval_seed=EVAL_SEED,
         )
         check_job(job)
         spawn(run_stage2, 1, job)

@@ -287,6 +287,39 @@ def success_curve(metrics_path: Path) -> list[float]:
     return [float(r.get("rollout/success", math.nan)) for r in rows]
 
 
+def fixed_curve(metrics_path: Path) -> list[list[float]]:
+    """One run's fixed-game learning curve: [update, success] for each update at which
+    Stage 2 evaluated its policy (`evaluate/success`: the same games and draws each time)."""
+    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    return [[int(r["step"]), float(r["evaluate/success"])] for r in rows if "evaluate/success" in r]
+
+
+def fixed_curve_table(
+    fixed: dict[str, list[list[list[float]]]], base: list[dict] | None = None
+) -> str:
+    """Success (%) on the training games at the updates Stage 2 evaluated, mean over seeds
+    with the lowest and highest seed; update 0 is the base's final evaluation (same draws)."""
+    fixed = {m: runs for m, runs in fixed.items() if runs and all(runs)}
+    if not fixed:
+        return ""
+    steps = sorted({int(s) for runs in fixed.values() for run in runs for s, _ in run})
+    head = "| method | " + " | ".join(f"update {s}" for s in [0, *steps]) + " |"
+    lines = [head, "| --- |" + " ---: |" * (len(steps) + 1)]
+    start = [100 * b["train"]["success"] for b in base or [] if "train" in b]
+    for method, runs in fixed.items():
+        cells = [_spread(start) if start else "–"]
+        for step in steps:
+            values = [100 * v for run in runs for s, v in run if int(s) == step]
+            cells.append(_spread(values) if len(values) == len(runs) else "–")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _spread(values: list[float]) -> str:
+    """'mean [lowest, highest]' of per-seed values (%)."""
+    return f"{statistics.fmean(values):.1f} [{min(values):.1f}, {max(values):.1f}]"
+
+
 def plot_learning_curves(curves: dict[str, list[list[float]]], out_png: Path) -> Path | None:
     """Each method's rollout success per Stage-2 update: the mean over its seeds, and a band
     from the lowest to the highest seed (None when no method has a curve)."""
@@ -367,14 +400,14 @@ def merge_summaries(paths: list[Path]) -> dict[str, Any]:
     """One summary from the compare.json of several comparisons: per method the runs of
     every input, in input order (a method an input lacks has fewer runs); seeds likewise."""
     merged: dict[str, Any] = {
-        "results": {}, "seconds": {}, "skills": {}, "curves": {}, "seeds": [],
+        "results": {}, "seconds": {}, "skills": {}, "curves": {}, "fixed_curves": {}, "seeds": [],
     }  # fmt: skip
     for path in paths:
         file = path / "compare.json" if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(f"no compare.json at {path}")
         summary = json.loads(file.read_text())
-        for key in ("results", "seconds", "skills", "curves"):
+        for key in ("results", "seconds", "skills", "curves", "fixed_curves"):
             for label, runs in summary.get(key, {}).items():
                 merged[key].setdefault(label, []).extend(runs)
         merged["seeds"].extend(summary.get("seeds", []))
@@ -398,10 +431,12 @@ def write_summary(
     seeds: list[Any],
     curves: dict[str, list[list[float]]] | None = None,
     settings: list[str] | None = None,
+    fixed: dict[str, list[list[list[float]]]] | None = None,
 ) -> int:
     """OUT/compare.md (the tables; with `curves`, each method's rollout success per update
     and seed, the learning curves in OUT/curves.png) and OUT/compare.json (what they were
-    made from). ``settings``: the ``--set`` changes every job ran with."""
+    made from). ``settings``: the ``--set`` changes every job ran with; ``fixed``: each
+    method's fixed-game learning curve per seed (`fixed_curve`)."""
     out.mkdir(parents=True, exist_ok=True)
     title = " vs ".join(results)
     lines = [f"# {title} on {env} ({size} size, seeds {seeds})", ""]
@@ -421,13 +456,17 @@ def write_summary(
     if table := skill_table(skills):
         lines += ["## the policy's own skills per Stage-2 update (mean over seeds)", ""]
         lines += [table, ""]
+    if table := fixed_curve_table(fixed or {}, results.get("Base (Vanilla)")):
+        lines += ["## learning curves on fixed games (training games, same draws each time)", ""]
+        lines += ["Success (%) at each evaluated update: mean over seeds [lowest, highest].", ""]
+        lines += [table, ""]
     if plot_learning_curves(curves or {}, out / "curves.png"):
         lines += ["## learning curves (rollout success per Stage-2 update)", ""]
         lines += ["![learning curves](curves.png)", ""]
     (out / "compare.md").write_text("\n".join(lines))
     summary = {
         "results": results, "seconds": seconds, "skills": skills, "curves": curves or {},
-        "seeds": seeds, "settings": list(settings or []),
+        "seeds": seeds, "settings": list(settings or []), "fixed_curves": fixed or {},
     }  # fmt: skip
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n".join(lines))

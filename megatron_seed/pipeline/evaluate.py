@@ -16,8 +16,13 @@ from megatron_seed.config import SeedConfig
 
 def summarize(records: list) -> dict[str, Any]:
     """Success per family (fraction) and its episodes, macro average, overall success, mean
-    episode length."""
+    episode length, and per game (task id) its episodes won and played."""
     out: dict[str, Any] = {"episodes": len(records)}
+    per_game: dict[str, list[int]] = {}
+    for r in records:
+        won_played = per_game.setdefault(r.task_id, [0, 0])
+        won_played[0] += int(r.won)
+        won_played[1] += 1
     per, counts = {}, {}
     for fam in sorted({r.family for r in records}):
         rs = [r for r in records if r.family == fam]
@@ -28,6 +33,7 @@ def summarize(records: list) -> dict[str, Any]:
     out["macro_avg"] = sum(per.values()) / len(per) if per else 0.0
     out["success"] = sum(r.won for r in records) / max(1, len(records))
     out["episode_length"] = sum(len(r.turns) for r in records) / max(1, len(records))
+    out["per_game"] = dict(sorted(per_game.items()))  # task id -> [won, played]
     return out
 
 

@@ -21,6 +21,11 @@ class Stage2Job:
     ray_address: str | None = None
     eval_games: list[str] = field(default_factory=list)
     eval_every: int = 0
+    # the evaluation's episodes: 0 one greedy episode per game; N > 0, N sampled episodes
+    # per game at the rollout temperature, the engines' streams restarted at eval_seed each
+    # time, so every evaluation of the run draws alike (a learning curve on fixed games)
+    eval_episodes: int = 0
+    eval_seed: int = 1234
     # game -> skill for every training game: the fixed skills of `cfg.skill.teacher_source`
     # (library, stage1_library, expert_plan; `skills.library`), also the rollout prompts'
     # when `cfg.skill.rollout_skill`

@@ -242,10 +242,16 @@ class Leader(Follower):
         return analyze_records(self.fleet, run.tokenizer, records, skill, max_prompt_tokens=limit)
 
     def evaluate(self, run: Run) -> dict[str, float]:
-        """Greedy episodes on the evaluation games, no skill: success overall and per family."""
-        session = self.session
-        tasks = session.tasks(run.job.eval_games)
-        records = session.play(tasks, 1, session.sampling(True), -1).records
+        """Episodes on the evaluation games, no skill (greedy, or `job.eval_episodes` sampled
+        per game with the same draws every time): success overall and per family."""
+        session, job = self.session, run.job
+        tasks = session.tasks(job.eval_games)
+        if job.eval_episodes:
+            session.fleet.reseed(job.eval_seed)
+            spec, n = session.sampling(seed=job.eval_seed), job.eval_episodes
+        else:
+            spec, n = session.sampling(True), 1
+        records = session.play(tasks, n, spec, -1).records
         out = rollout_metrics(records, "evaluate")
         for fam, rate in summarize(records)["per_family"].items():
             out[f"evaluate/success_{fam}"] = rate

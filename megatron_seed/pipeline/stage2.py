@@ -12,7 +12,7 @@ as `time/<phase>`, its metrics under `<phase>/`):
     analyze   the same fleet turns each finished episode into a hindsight skill s (or,
               for the baselines, each takes its game's fixed skill: `roles.library_skills`)
     train     old/ref/teacher log-probs, SEED loss, Adam step (`SeedTrainer.train_step`)
-    evaluate  (every `eval_every` updates) greedy episodes without skills
+    evaluate  (every `eval_every` updates) episodes without skills on fixed games and draws
     checkpoint (every `save_every` updates)
 
 Beside the driver: `one_step_off` (the next update plays while this one trains),

@@ -61,5 +61,6 @@ def run(args: argparse.Namespace) -> int:
         updates=args.updates,
         eval_episodes=args.eval_episodes,
         settings=job_settings(args),
+        curve_every=args.curve_every,
     )
     return 0

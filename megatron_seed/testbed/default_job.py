@@ -119,12 +119,14 @@ def run_default_job(
     updates: int | None = None,
     eval_episodes: int | None = None,
     settings: dict[str, Any] | None = None,
+    curve_every: int = 0,
 ) -> dict[str, Any]:
     """Run (or resume) the whole job on ``env`` at size ``size`` (`testbed.profiles`: full,
     quick, evidence); returns the evaluations and facts of the report. ``updates``: Stage-2
     updates instead of the recipe's; ``eval_episodes``: sampled evaluation episodes per
     training game instead of the size's; ``settings``: config changes over the recipe and the
-    method (`seed run --set`).
+    method (`seed run --set`); ``curve_every``: a fixed-game learning curve point every that
+    many Stage-2 updates (`seed run --curve-every`).
 
     ``base_dir`` / ``games_dir`` / ``library_dir`` (default under ``out_dir``): where the base
     policy (with its cached evaluation), the games and the family skill library built from
@@ -165,7 +167,7 @@ def run_default_job(
         train_eval_episodes=sizing.train_eval_episodes,
         heldout_episodes=sizing.heldout_episodes, facts=facts, base_root=base_root,
         library_dir=library_dir, user_library=user_library, title=profile(env).title,
-        phases=phases,
+        phases=phases, curve_every=curve_every,
     )  # fmt: skip
 
 
