@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.spec import DEFAULT_ENV, get_env
-from megatron_seed.compare.stats import paired_difference, t_interval, wilson
+from megatron_seed.compare.stats import paired_difference, t_interval, tost, wilson
 from megatron_seed.errors import CommandError
 
 
@@ -201,23 +201,38 @@ def compare_table(results: dict[str, list[dict]], split: str, env: str = DEFAULT
     return method_table(rows, env)
 
 
+BASE = "Base (Vanilla)"  # the base policy's row (`compare.job.BASE_LABEL`)
+EQUIVALENCE_MARGIN = 0.10  # the TOST margin of "no difference" lines: 10 points
+
+
 def difference_lines(results: dict[str, list[dict]], split: str) -> list[str]:
-    """Each method's average minus the reference's, paired by seed, with its 95 % interval;
-    "~" marks a difference not distinguishable from noise."""
+    """Each method's average minus the reference's (GRPO), then each trained method's minus
+    the base's, paired by seed, with its 95 % interval; "~" marks a difference not
+    distinguishable from noise, and such a line says whether a TOST bounds it within
+    +-10 points (90 % interval)."""
     methods = list(results)
     ref = "GRPO" if "GRPO" in methods else methods[-1]
-    lines = []
-    for m in (m for m in methods if m != ref):
-        a = [r[split]["macro_avg"] for r in results[m]]
-        b = [r[split]["macro_avg"] for r in results[ref]]
-        if len(a) != len(b):  # merged comparisons where one of the two was not run
-            lines.append(f"- {m} − {ref}: n/a ({len(a)} vs {len(b)} seeds)")
-            continue
-        mean, half, real = paired_difference(a, b)
-        mark = "" if real else " ~ (not distinguishable from noise)"
-        width = "n/a (one seed)" if half != half else f"{100 * half:.1f}"
-        lines.append(f"- {m} − {ref}: {100 * mean:+.1f} ± {width} points{mark}")
-    return lines
+    pairs = [(m, ref) for m in methods if m != ref]
+    if BASE in methods and ref != BASE:
+        pairs += [(m, BASE) for m in methods if m not in (BASE, "Stage-1 SFT")]
+    return [_difference_line(results, split, m, other) for m, other in pairs]
+
+
+def _difference_line(results: dict[str, list[dict]], split: str, m: str, ref: str) -> str:
+    a = [r[split]["macro_avg"] for r in results[m]]
+    b = [r[split]["macro_avg"] for r in results[ref]]
+    if len(a) != len(b):  # merged comparisons where one of the two was not run
+        return f"- {m} − {ref}: n/a ({len(a)} vs {len(b)} seeds)"
+    mean, half, real = paired_difference(a, b)
+    if half != half:
+        return f"- {m} − {ref}: {100 * mean:+.1f} ± n/a (one seed) points"
+    line = f"- {m} − {ref}: {100 * mean:+.1f} ± {100 * half:.1f} points"
+    if real:
+        return line
+    _, low, high, within = tost([x - y for x, y in zip(a, b, strict=True)], EQUIVALENCE_MARGIN)
+    bound = "within" if within else "not shown within"
+    tost_text = f"TOST: {bound} ±{100 * EQUIVALENCE_MARGIN:.0f} (90 % [{100 * low:+.1f}, {100 * high:+.1f}])"
+    return f"{line} ~ (not distinguishable from noise; {tost_text})"
 
 
 PHASES = ("sync", "rollout", "analyze", "train", "update")
@@ -456,7 +471,7 @@ def write_summary(
     if table := skill_table(skills):
         lines += ["## the policy's own skills per Stage-2 update (mean over seeds)", ""]
         lines += [table, ""]
-    if table := fixed_curve_table(fixed or {}, results.get("Base (Vanilla)")):
+    if table := fixed_curve_table(fixed or {}, results.get(BASE)):
         lines += ["## learning curves on fixed games (training games, same draws each time)", ""]
         lines += ["Success (%) at each evaluated update: mean over seeds [lowest, highest].", ""]
         lines += [table, ""]

@@ -72,7 +72,10 @@ def test_compare_cells_and_differences():
     table = compare_table(results, "train")
     assert "| SEED | 60.0 ± 24.8 (24) | –" in table and "| GRPO | 40.0 [24, 61] (24)" in table
     (line,) = difference_lines(results, "train")
-    assert line == "- SEED − GRPO: +20.0 ± 24.8 points ~ (not distinguishable from noise)"
+    assert line == (
+        "- SEED − GRPO: +20.0 ± 24.8 points ~ (not distinguishable from noise; TOST: not "
+        "shown within ±10 (90 % [+3.1, +36.9]))"
+    )
 
 
 def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
@@ -204,3 +207,20 @@ def test_a_runs_success_curve_is_its_rollout_success_per_update(tmp_path):
     assert curve[0] == 0.125 and math.isnan(curve[1]) and curve[2] == 1.0
     assert plot_learning_curves({"GRPO": [[]]}, tmp_path / "none.png") is None  # nothing
     assert plot_learning_curves({"GRPO": [curve, [0.5, 0.5]]}, tmp_path / "c.png").is_file()
+
+
+def test_tost_and_seeds_for_power_hand_computed():
+    from megatron_seed.compare.stats import seeds_for_power, tost
+
+    # mean 0.01, sd sqrt(0.0052 / 3) = 0.041633, t_{0.95, 3} = 2.353: half-width 0.048982
+    mean, low, high, within = tost([0.02, -0.04, 0.06, 0.0], 0.10)
+    assert (mean, low, high) == pytest.approx((0.01, -0.038982, 0.058982), abs=1e-6)
+    assert within
+    assert not tost([0.02, -0.04, 0.06, 0.0], 0.05)[3]  # 0.059 reaches past 0.05
+    with pytest.raises(ValueError, match="at least two"):
+        tost([0.1], 0.1)
+    # d = 1: 10 seeds ((t_{.975,9} + t_{.80,9}) = 3.145 <= sqrt(10); n = 9: 3.195 > 3)
+    assert seeds_for_power(10.0, 10.0) == 10
+    # the realised paired sd 13.5 of docs/results.md: 17 (n = 16: 2.997 x 1.35 = 4.05 > 4)
+    assert seeds_for_power(13.5, 10.0) == 17
+    assert seeds_for_power(0.0, 10.0) == 2

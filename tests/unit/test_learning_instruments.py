@@ -155,3 +155,29 @@ def test_merge_refuses_comparisons_of_other_settings(tmp_path):
     assert merge_summaries([tmp_path / "a", tmp_path / "a"])["settings"] == ["optim.lr=1e-4"]
     with pytest.raises(CommandError, match="merge only comparisons of one config"):
         merge_summaries([tmp_path / "a", tmp_path / "b"])
+
+
+def test_fixed_curve_reads_the_evaluated_updates_and_tables_them(tmp_path):
+    from megatron_seed.compare.report import fixed_curve, fixed_curve_table
+
+    rows = [{"step": 1, "rollout/success": 0.1}, {"step": 2, "evaluate/success": 0.25}]
+    rows += [{"step": 3}, {"step": 4, "evaluate/success": 0.5}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert fixed_curve(path) == [[2, 0.25], [4, 0.5]]
+    base = [{"train": {"success": 0.2}}, {"train": {"success": 0.3}}]
+    table = fixed_curve_table({"GRPO": [[[2, 0.25], [4, 0.5]], [[2, 0.35], [4, 0.7]]]}, base)
+    assert table.splitlines()[0] == "| method | update 0 | update 2 | update 4 |"
+    assert table.splitlines()[2] == (
+        "| GRPO | 25.0 [20.0, 30.0] | 30.0 [25.0, 35.0] | 60.0 [50.0, 70.0] |"
+    )
+    assert fixed_curve_table({"GRPO": [[]]}) == ""
+
+
+def test_evaluation_counts_each_games_wins():
+    from megatron_seed.pipeline.evaluate import summarize
+
+    records = [_record("g1", 1.0), _record("g1", 0.0), _record("g2", 0.0), _record("g1", 1.0)]
+    out = summarize(records)
+    assert out["per_game"] == {"g1": [2, 3], "g2": [0, 1]}
+    assert out["success"] == 0.5
