@@ -181,3 +181,37 @@ def test_evaluation_counts_each_games_wins():
     out = summarize(records)
     assert out["per_game"] == {"g1": [2, 3], "g2": [0, 1]}
     assert out["success"] == 0.5
+
+
+def test_stage2_evaluation_samples_fixed_draws_when_asked(tmp_path):
+    """`Stage2Job.eval_episodes`: the engines' streams restart at `eval_seed` before every
+    evaluation and each game plays that many sampled episodes (0: one greedy episode)."""
+    from types import SimpleNamespace
+
+    from megatron_seed.pipeline.job import Stage2Job
+    from megatron_seed.pipeline.roles import Leader
+
+    calls: list = []
+
+    class Session:
+        fleet = SimpleNamespace(reseed=lambda seed: calls.append(("reseed", seed)))
+
+        def tasks(self, games):
+            return games
+
+        def sampling(self, greedy=False, seed=None):
+            return ("greedy" if greedy else "sampled", seed)
+
+        def play(self, tasks, n, spec, update):
+            calls.append(("play", tuple(tasks), n, spec))
+            return SimpleNamespace(records=[_record(g, 1.0) for g in tasks for _ in range(n)])
+
+    job = Stage2Job("m", ["g"], str(tmp_path), eval_games=["a", "b"], eval_every=2)
+    run = SimpleNamespace(job=job)
+    assert Leader(job, Session()).evaluate(run)["evaluate/success"] == 1.0
+    assert calls == [("play", ("a", "b"), 1, ("greedy", None))]
+    calls.clear()
+    job.eval_episodes, job.eval_seed = 4, 77
+    out = Leader(job, Session()).evaluate(run)
+    assert calls == [("reseed", 77), ("play", ("a", "b"), 4, ("sampled", 77))]
+    assert out["evaluate/episodes"] == 8
