@@ -171,8 +171,9 @@ class AlgoConfig(_Checked):
     # tied, all won or all lost). "skip" (this project's rule): no step, the Adam state
     # untouched, so the distillation and KL terms alone never move the policy: Adam is
     # scale-free, and a step of them alone is an lr-sized step whatever lambda_opd is
-    # (docs/results.md, "No outcome signal"). "step": the paper's equations, which step on
-    # whatever the loss holds. Methods without L_rl (policy_weight 0, OPSD) always step.
+    # (docs/architecture.md, "What an update does without an outcome signal"). "step": the
+    # paper's equations, which step on whatever the loss holds. Methods without L_rl
+    # (policy_weight 0, OPSD) always step. A skipped step skips analyzer replay's NLL too.
     no_signal: Literal["skip", "step"] = "skip"
     # Negative control (`grpo-shuffled`): the records' advantages permuted at random within
     # each update's batch, so the step has GRPO's size and no relation to outcomes
@@ -212,7 +213,8 @@ class OptimConfig(_Checked):
     micro_batch_tokens: int = _range(0, 0)
     # the learning rate per Stage-2 update (`train.schedule.lr_at`): a linear warm-up from
     # lr / (warmup + 1) over the first lr_warmup_updates, then constant or decaying
-    # (cosine, linear) to lr * lr_min_ratio at the last update
+    # (cosine, linear) to lr * lr_min_ratio at the run's last update (`updates`: a resumed
+    # run given more updates stretches a decay from where it is)
     lr_warmup_updates: int = _range(0, 0)
     lr_decay: Literal["constant", "cosine", "linear"] = "constant"
     lr_min_ratio: float = _range(0.0, 0.0, 1.0)
@@ -426,11 +428,14 @@ def assignments(items: list[str]) -> dict[str, Any]:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. optim.lr=1e-4")
+        *path, last = key.strip().split(".")
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
             value = text
-        *path, last = key.strip().split(".")
+        if _text_field(path, last):
+            value = text  # `env.name=123` names an environment "123"
+
         node = changes
         for part in path:
             node = node.setdefault(part, {})
@@ -438,6 +443,14 @@ def assignments(items: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"--set {item!r}: {part} is given a value and fields")
         node[last] = value
     return changes
+
+
+def _text_field(path: list[str], name: str) -> bool:
+    """Whether SECTION.NAME (or NAME) is a text field (a str or a Literal of strs)."""
+    owner = SECTIONS.get(path[0]) if len(path) == 1 else SeedConfig if not path else None
+    fields = {f.name: f for f in dataclasses.fields(owner)} if owner else {}
+    kind = str(fields[name].type) if name in fields else ""
+    return kind == "str" or kind.startswith("Literal['") or kind.startswith('Literal["')
 
 
 def merge_dicts(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -97,6 +97,9 @@ def run_phases(
             for name in turn:
                 method, changes = variants[name]
                 vcfg = job_config(size, method, seed).with_changes(changes)
+                # every update steps: a skipped step (algo.no_signal) would shorten the
+                # train phase by chance and skew the SEED / GRPO timings
+                vcfg = vcfg.with_changes({"algo": {"no_signal": "step"}})
                 if frozen:
                     vcfg = vcfg.with_changes({"optim": {"lr": FROZEN_LR}})
                 vcfg = dataclasses.replace(vcfg, updates=r)

@@ -112,6 +112,14 @@ def job_settings(args: argparse.Namespace) -> dict[str, Any]:
         SeedConfig().with_changes(changes)
     except ConfigError as err:
         raise CommandError(str(err)) from None
+    owned = {"seed": "--seed(s)", "updates": "--updates"}
+    if clash := [k for k in owned if k in changes] + (
+        ["env.name"] if "name" in changes.get("env", {}) else []
+    ):
+        flag = owned.get(clash[0], "--env")
+        raise CommandError(f"--set {clash[0]}: give it with {flag}, which names every job by it")
+    if args.curve_every < 0:
+        raise CommandError(f"--curve-every must be at least 0, got {args.curve_every}")
     return changes
 
 
@@ -157,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
     )
     size = _size_name(args)
     if args.merge:
+        if args.settings:
+            raise CommandError(
+                "--merge runs nothing: --set does not apply (each input keeps its own)"
+            )
         merged = merge_summaries([Path(p) for p in args.merge])
         seeds = merged["seeds"] or args.merge
         summary = (merged["results"], merged["seconds"], merged["skills"])
@@ -266,6 +278,7 @@ def _named_model_job(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
         cfg = cfg.with_changes({"seed": seed}).with_changes(settings)
         facts: dict[str, Any] = {"environment": args.env, "size": _size_name(args)}
         facts |= {"algorithm": method, "seed": seed, "base_model": str(args.model)}
+        facts |= {"settings": settings} if settings else {}
         return run_method_job(
             out / f"{method}-seed{seed}",
             Path(args.model),

@@ -21,6 +21,7 @@ from typing import Any
 from envs.spec import get_env
 from megatron_seed.compare.report import write_report
 from megatron_seed.config import SeedConfig
+from megatron_seed.errors import CommandError
 from megatron_seed.methods import METHODS, Method
 from megatron_seed.startup import use_own_ray_token
 
@@ -105,6 +106,7 @@ def run_method_job(
     method = method_of(algo)
     phases = phases or Phases(method_phases(method, bool(user_library)))
     out.mkdir(parents=True, exist_ok=True)
+    check_same_config(out, cfg)
     fleet = JobFleet(base, cfg)
     try:
         library = None
@@ -146,6 +148,35 @@ def run_method_job(
     report = write_report(out, evaluations, facts, cfg.env.name, title)
     print(f"report: {report}")
     return {"evaluations": evaluations, "facts": facts}
+
+
+JOB_CONFIG = "job_config.json"  # the config a job folder was started with
+
+
+def check_same_config(out: Path, cfg: SeedConfig) -> None:
+    """Record ``cfg`` in a new job folder; in a folder that holds a job of another config
+    (another method, `--set`, size), a one-line `CommandError` naming what differs, before
+    anything resumes: its finished phases would be reported under the new config."""
+    path = out / JOB_CONFIG
+    mine = json.loads(json.dumps(cfg.to_dict()))  # tuples as lists, as read back
+    if not path.is_file():
+        path.write_text(json.dumps(mine, indent=2) + "\n")
+        return
+    theirs = json.loads(path.read_text())
+    if theirs != mine:
+        differ = sorted(_differences(theirs, mine))
+        raise CommandError(
+            f"{out} holds a job of another config ({', '.join(differ[:4])}"
+            f"{', ...' if len(differ) > 4 else ''} differ): choose another --out"
+        )
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields where two config dicts differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys for d in _differences(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".")]
 
 
 def _progress(out: Path) -> dict[str, Any]:
@@ -323,7 +354,7 @@ def evaluate_models(
     from megatron_seed.skills.library import SkillLibrary
 
     evaluations = _progress(out).get("evaluate") or {}
-    key = _games_key(games, train_episodes, heldout_episodes)
+    key = _games_key(games, train_episodes, heldout_episodes, cfg)
     cache = base_root / f"eval-{key}.json" if base_root else None
     base_label = BASE_LABEL
     if base_label not in evaluations and cache is not None and cache.is_file():
@@ -372,12 +403,19 @@ def evaluation_draws(
     return draws
 
 
-def _games_key(games: dict[str, list[str]], episodes: int, heldout: int = 0) -> str:
+def _games_key(
+    games: dict[str, list[str]], episodes: int, heldout: int = 0, cfg: SeedConfig | None = None
+) -> str:
     """A short digest of the evaluation's games and sampled episodes per training and per
-    held-out game (the base's cached evaluation is theirs; with greedy held-out games the
-    key is what it was before held-out sampling, so earlier caches still match)."""
+    held-out game, and of how episodes are played (``cfg``'s rollout and environment
+    sections: `--set rollout.temperature=...` is another evaluation). Without ``cfg``, or
+    greedy held-out games, the key is what it was before those entered it, so earlier caches
+    still match."""
     import hashlib
 
     names = {k: [Path(g).name for g in v] for k, v in sorted(games.items())}
-    text = json.dumps({**names, "episodes": episodes} | ({"heldout": heldout} if heldout else {}))
+    key = {**names, "episodes": episodes} | ({"heldout": heldout} if heldout else {})
+    if cfg is not None:
+        key["play"] = {"rollout": cfg.to_dict()["rollout"], "env": cfg.to_dict()["env"]}
+    text = json.dumps(key)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -17,6 +17,7 @@ from typing import Any
 
 from envs.spec import DEFAULT_ENV, get_env
 from megatron_seed.compare.stats import paired_difference, t_interval, tost, wilson
+from megatron_seed.config import assignments
 from megatron_seed.errors import CommandError
 
 
@@ -212,8 +213,9 @@ def difference_lines(results: dict[str, list[dict]], split: str) -> list[str]:
     +-10 points (90 % interval)."""
     methods = list(results)
     ref = "GRPO" if "GRPO" in methods else methods[-1]
-    pairs = [(m, ref) for m in methods if m != ref]
-    if BASE in methods and ref != BASE:
+    against_base = BASE in methods and ref != BASE
+    pairs = [(m, ref) for m in methods if m != ref and not (against_base and m == BASE)]
+    if against_base:
         pairs += [(m, BASE) for m in methods if m not in (BASE, "Stage-1 SFT")]
     return [_difference_line(results, split, m, other) for m, other in pairs]
 
@@ -310,24 +312,40 @@ def fixed_curve(metrics_path: Path) -> list[list[float]]:
 
 
 def fixed_curve_table(
-    fixed: dict[str, list[list[list[float]]]], base: list[dict] | None = None
+    fixed: dict[str, list[list[list[float]]]], starts: dict[str, list[dict]] | None = None
 ) -> str:
     """Success (%) on the training games at the updates Stage 2 evaluated, mean over seeds
-    with the lowest and highest seed; update 0 is the base's final evaluation (same draws)."""
+    with the lowest and highest seed; update 0 is the final evaluation (same draws) of the
+    model Stage 2 started from (``starts``: per method, its start's results per seed: the
+    base's, or the Stage-1 model's for a method with a Stage 1)."""
     fixed = {m: runs for m, runs in fixed.items() if runs and all(runs)}
     if not fixed:
         return ""
     steps = sorted({int(s) for runs in fixed.values() for run in runs for s, _ in run})
     head = "| method | " + " | ".join(f"update {s}" for s in [0, *steps]) + " |"
     lines = [head, "| --- |" + " ---: |" * (len(steps) + 1)]
-    start = [100 * b["train"]["success"] for b in base or [] if "train" in b]
     for method, runs in fixed.items():
+        start = [
+            100 * r["train"]["success"] for r in (starts or {}).get(method, []) if "train" in r
+        ]
         cells = [_spread(start) if start else "–"]
         for step in steps:
             values = [100 * v for run in runs for s, v in run if int(s) == step]
             cells.append(_spread(values) if len(values) == len(runs) else "–")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _curve_starts(
+    results: dict[str, list[dict]], fixed: dict[str, list[Any]]
+) -> dict[str, list[dict]]:
+    """Per method label of ``fixed``, the results rows of the model its Stage 2 started
+    from: the Stage-1 model's for a method with a Stage 1, else the base's."""
+    from megatron_seed.methods import METHODS
+
+    stage1 = {m.label for m in METHODS.values() if m.stage1}
+    start = {label: "Stage-1 SFT" if label in stage1 else BASE for label in fixed}
+    return {label: results.get(row, []) for label, row in start.items()}
 
 
 def _spread(values: list[float]) -> str:
@@ -427,7 +445,7 @@ def merge_summaries(paths: list[Path]) -> dict[str, Any]:
                 merged[key].setdefault(label, []).extend(runs)
         merged["seeds"].extend(summary.get("seeds", []))
         settings = summary.get("settings", [])
-        if merged.setdefault("settings", settings) != settings:
+        if assignments(merged.setdefault("settings", settings)) != assignments(settings):
             raise CommandError(
                 f"{file}: run with --set {settings or 'nothing'}, the first input with "
                 f"{merged['settings'] or 'nothing'}: merge only comparisons of one config"
@@ -471,7 +489,7 @@ def write_summary(
     if table := skill_table(skills):
         lines += ["## the policy's own skills per Stage-2 update (mean over seeds)", ""]
         lines += [table, ""]
-    if table := fixed_curve_table(fixed or {}, results.get(BASE)):
+    if table := fixed_curve_table(fixed or {}, _curve_starts(results, fixed or {})):
         lines += ["## learning curves on fixed games (training games, same draws each time)", ""]
         lines += ["Success (%) at each evaluated update: mean over seeds [lowest, highest].", ""]
         lines += [table, ""]

@@ -246,9 +246,16 @@ class Leader(Follower):
         per game with the same draws every time): success overall and per family."""
         session, job = self.session, run.job
         tasks = session.tasks(job.eval_games)
-        if job.eval_episodes:
+        if job.eval_episodes:  # `pipeline.evaluate.evaluate_policies`' sampled draws
+            from megatron_seed.rollout.engine import SamplingSpec
+
             session.fleet.reseed(job.eval_seed)
-            spec, n = session.sampling(seed=job.eval_seed), job.eval_episodes
+            temperature, max_tokens = (
+                run.cfg.rollout.temperature,
+                run.cfg.rollout.max_response_tokens,
+            )
+            spec = SamplingSpec(temperature=temperature, max_tokens=max_tokens, seed=job.eval_seed)
+            n = job.eval_episodes
         else:
             spec, n = session.sampling(True), 1
         records = session.play(tasks, n, spec, -1).records

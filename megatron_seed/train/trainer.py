@@ -37,6 +37,7 @@ same losses and gradients; `pad_frac` reports the padding the model ran on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -537,10 +538,12 @@ class SeedTrainer:
         totals: dict[str, float] = {}
         minis = parts * self.cfg.optim.epochs_per_update
         steps = 0
+        trained = torch.zeros(pb.rows, dtype=torch.bool)  # [B] rows some step trained on
         for i, mini in enumerate(minis):
             if not carries_signal(algo, pb.advantages[mini]):
                 continue  # `AlgoConfig.no_signal`: no step, the Adam state untouched
             steps += 1
+            trained[mini] = True
             teacher = None
             if use_opd:
                 teacher = (
@@ -561,8 +564,10 @@ class SeedTrainer:
         totals["steps_skipped"] = float(len(minis) - steps)
         totals.update(_policy_stats(old, pb.student))
         totals.update(_mismatch(old, pb.student))
-        if use_opd:
-            totals.update(_opd_condition(pb, old, first_teacher, algo.beta_opd))
+        if use_opd:  # live mode scored the teacher only for the rows that trained
+            seen = trained if snapshot is None else torch.ones_like(trained)
+            scored = dataclasses.replace(pb, has_teacher=pb.has_teacher & seen)
+            totals.update(_opd_condition(scored, old, first_teacher, algo.beta_opd))
         if self._router_stats is not None:  # over every training pass of this update
             totals.update(self._router_stats.pop())
             totals.update(self.route_agreement())  # the routers against the engine's

@@ -155,6 +155,10 @@ def test_merge_refuses_comparisons_of_other_settings(tmp_path):
     assert merge_summaries([tmp_path / "a", tmp_path / "a"])["settings"] == ["optim.lr=1e-4"]
     with pytest.raises(CommandError, match="merge only comparisons of one config"):
         merge_summaries([tmp_path / "a", tmp_path / "b"])
+    (tmp_path / "a2").mkdir()  # the same setting written otherwise merges
+    summary = {"results": {}, "seeds": [1], "settings": ["optim.lr=0.0001"]}
+    (tmp_path / "a2" / "compare.json").write_text(json.dumps(summary))
+    assert merge_summaries([tmp_path / "a", tmp_path / "a2"])["seeds"] == [0, 1]
 
 
 def test_fixed_curve_reads_the_evaluated_updates_and_tables_them(tmp_path):
@@ -166,12 +170,19 @@ def test_fixed_curve_reads_the_evaluated_updates_and_tables_them(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert fixed_curve(path) == [[2, 0.25], [4, 0.5]]
     base = [{"train": {"success": 0.2}}, {"train": {"success": 0.3}}]
-    table = fixed_curve_table({"GRPO": [[[2, 0.25], [4, 0.5]], [[2, 0.35], [4, 0.7]]]}, base)
+    runs = {"GRPO": [[[2, 0.25], [4, 0.5]], [[2, 0.35], [4, 0.7]]]}
+    table = fixed_curve_table(runs, {"GRPO": base})
     assert table.splitlines()[0] == "| method | update 0 | update 2 | update 4 |"
     assert table.splitlines()[2] == (
         "| GRPO | 25.0 [20.0, 30.0] | 30.0 [25.0, 35.0] | 60.0 [50.0, 70.0] |"
     )
     assert fixed_curve_table({"GRPO": [[]]}) == ""
+    # SEED starts Stage 2 from its Stage-1 model: update 0 is that model's evaluation
+    from megatron_seed.compare.report import _curve_starts
+
+    stage1 = [{"train": {"success": 0.1}}]
+    starts = _curve_starts({"Base (Vanilla)": base, "Stage-1 SFT": stage1}, {"SEED": 0, "GRPO": 0})
+    assert starts == {"SEED": stage1, "GRPO": base}
 
 
 def test_evaluation_counts_each_games_wins():
@@ -206,12 +217,54 @@ def test_stage2_evaluation_samples_fixed_draws_when_asked(tmp_path):
             calls.append(("play", tuple(tasks), n, spec))
             return SimpleNamespace(records=[_record(g, 1.0) for g in tasks for _ in range(n)])
 
+    from megatron_seed.config import SeedConfig
+    from megatron_seed.rollout.engine import SamplingSpec
+
     job = Stage2Job("m", ["g"], str(tmp_path), eval_games=["a", "b"], eval_every=2)
-    run = SimpleNamespace(job=job)
+    run = SimpleNamespace(job=job, cfg=SeedConfig())
     assert Leader(job, Session()).evaluate(run)["evaluate/success"] == 1.0
     assert calls == [("play", ("a", "b"), 1, ("greedy", None))]
     calls.clear()
     job.eval_episodes, job.eval_seed = 4, 77
     out = Leader(job, Session()).evaluate(run)
-    assert calls == [("reseed", 77), ("play", ("a", "b"), 4, ("sampled", 77))]
+    # the final evaluation's draws (`evaluate_policies`): rollout temperature, top_p 1
+    spec = SamplingSpec(
+        temperature=1.0, max_tokens=SeedConfig().rollout.max_response_tokens, seed=77
+    )
+    assert calls == [("reseed", 77), ("play", ("a", "b"), 4, spec)]
     assert out["evaluate/episodes"] == 8
+
+
+def test_set_keeps_text_fields_text_and_leaves_flags_to_flags(tmp_path, capsys):
+    from megatron_seed.cli import main
+
+    assert assignments(["env.name=123", "algo.no_signal=step", "optim.lr=1"]) == {
+        "env": {"name": "123"},
+        "algo": {"no_signal": "step"},
+        "optim": {"lr": 1},
+    }
+    for flag, owner in (("seed=3", "--seed"), ("updates=2", "--updates"), ("env.name=x", "--env")):
+        assert main(["compare", "--set", flag, "--out", str(tmp_path / "c")]) == 2
+        assert owner in capsys.readouterr().err
+    assert main(["compare", "--curve-every", "-1", "--out", str(tmp_path / "c")]) == 2
+    assert "at least 0" in capsys.readouterr().err
+    assert main(["compare", "--merge", str(tmp_path), "--set", "optim.lr=1"]) == 2
+    assert "--merge runs nothing" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_job_folder_refuses_another_config(tmp_path):
+    from megatron_seed.compare.job import _games_key, check_same_config
+    from megatron_seed.config import SeedConfig
+    from megatron_seed.errors import CommandError
+
+    cfg = SeedConfig()
+    check_same_config(tmp_path, cfg)
+    check_same_config(tmp_path, cfg)  # a resume of the same job
+    other = cfg.with_changes({"optim": {"lr": 1e-4}, "algo": {"use_opd": False}})
+    with pytest.raises(CommandError, match=r"another config \(algo.use_opd, optim.lr differ\)"):
+        check_same_config(tmp_path, other)
+    games = {"train": ["a"], "seen": ["b"], "unseen": ["c"]}
+    hot = cfg.with_changes({"rollout": {"temperature": 0.5}})
+    assert _games_key(games, 8, 4, cfg) != _games_key(games, 8, 4, hot)
+    assert _games_key(games, 8, 4, cfg) == _games_key(games, 8, 4, other)  # same play
