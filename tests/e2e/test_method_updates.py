@@ -16,7 +16,7 @@ GENERAL = "Look around first, then check each receptacle one by one."
 PICK = "Take the object from where it lies and move it to the target receptacle."
 # the Stage-2 runs; grpo first (its trajectories become the Stage-1 annotations)
 RUNS = [
-    "grpo", "skill-grpo", "opsd", "opsd-paper", "grpo-opsd", "skill-sd", "rlsd", "sdar",
+    "grpo", "grpo-shuffled", "skill-grpo", "opsd", "opsd-paper", "grpo-opsd", "skill-sd", "rlsd", "sdar",
     "seed", "seed-replay", "static-skills", "seed+overlap", "seed+uncertain",
     "seed-replay+one_step_off",
 ]  # fmt: skip
@@ -46,7 +46,7 @@ def _check(name: str, runs: dict) -> None:
     row, run = _row(runs, name), runs[name]
     assert row["step"] == 1 and row["rollout/episodes"] == 4
     assert "train/loss/total" in row and "train/grad_norm" in row
-    if name in ("grpo", "skill-grpo"):
+    if name in ("grpo", "grpo-shuffled", "skill-grpo"):
         assert "train/loss/opd" not in row and "analyze/n" not in row and not run["sources"]
     if name == "grpo":
         assert "[Hindsight skill]" not in run["first_user"]
