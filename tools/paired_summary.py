@@ -9,7 +9,6 @@ Several files are merged as `seed compare --merge` merges them (their seeds in o
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -27,7 +26,11 @@ def main(paths: list[str]) -> None:
         rates = {m: [100 * r[split]["macro_avg"] for r in runs] for m, runs in results.items()}
         print(f"\n## {split} (success %, seeds {seeds})")
         for m, v in rates.items():
-            print(f"{m:40s} " + " ".join(f"{x:5.1f}" for x in v) + f" | mean {statistics.fmean(v):5.1f}")
+            print(
+                f"{m:40s} "
+                + " ".join(f"{x:5.1f}" for x in v)
+                + f" | mean {statistics.fmean(v):5.1f}"
+            )
         for ref in (BASE, REF):
             if ref not in rates:
                 continue
