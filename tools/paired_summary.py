@@ -35,7 +35,7 @@ def main(paths: list[str]) -> None:
             if ref not in rates:
                 continue
             for m, v in rates.items():
-                if m == ref or len(v) != len(rates[ref]) or len(v) < 2 or m == BASE:
+                if m in (ref, BASE) or len(v) != len(rates[ref]) or len(v) < 2:
                     continue
                 d = [a - b for a, b in zip(v, rates[ref], strict=True)]
                 mean, half = t_interval(d)
