@@ -145,14 +145,11 @@ def carries_signal(algo: Any, advantages: torch.Tensor) -> bool:
 
 
 def _policy_stats(old: torch.Tensor, batch: TokenBatch) -> dict[str, float]:
-    """The sampled action tokens under theta_old: `policy/logp_mean` (their mean log-prob)
-    and `policy/entropy_est` = -logp_mean, which estimates the policy's per-token entropy
-    when the tokens were sampled from it at temperature 1. old: [B, s]."""
+    """`policy/entropy_est`: minus the mean log-prob of the sampled action tokens under
+    theta_old, which estimates the policy's per-token entropy when the tokens were sampled
+    from it at temperature 1. old: [B, s]."""
     logp = old[batch.loss_mask]  # [n]
-    if not logp.numel():
-        return {}
-    mean = float(logp.mean())
-    return {"policy/logp_mean": mean, "policy/entropy_est": -mean}
+    return {"policy/entropy_est": -float(logp.mean())} if logp.numel() else {}
 
 
 def _mismatch(old: torch.Tensor, batch: TokenBatch) -> dict[str, float]:
