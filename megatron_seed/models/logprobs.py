@@ -255,12 +255,7 @@ def token_logprobs(
     was_training = _unwrap(model).training
     model.eval()
     b, s = input_ids.shape
-    labels = shifted_labels(input_ids)
-    block = token_multiple(_unwrap(model).config)
-    padded = -(-s // block) * block  # right padding: causal, earlier positions unchanged
-    batch = {"input_ids": input_ids, "labels": labels, **(extra or {})}
-    if padded != s:  # the last token repeated (its route too); nothing scored there
-        batch = {k: torch.cat([v, _tail(k, v, padded - s)], 1) for k, v in batch.items()}
+    batch = _scoring_batch(model, input_ids, extra)
     logs = run_schedule(model, micro_batches(batch, micro_batch_size), _logprob_loss, True)
     out = None
     if ps.is_pipeline_last_stage():
@@ -270,6 +265,41 @@ def token_logprobs(
     if was_training:
         model.train()
     return out
+
+
+def _scoring_batch(
+    model: Any, input_ids: torch.Tensor, extra: dict[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor]:
+    """`input_ids` `[b, s]`, their labels and `extra`, right-padded to the model's token
+    multiple (causal: earlier positions unchanged; the last token repeated, its route too;
+    nothing is scored there)."""
+    s = input_ids.shape[1]
+    block = token_multiple(_unwrap(model).config)
+    padded = -(-s // block) * block
+    batch = {"input_ids": input_ids, "labels": shifted_labels(input_ids), **(extra or {})}
+    if padded != s:
+        batch = {k: torch.cat([v, _tail(k, v, padded - s)], 1) for k, v in batch.items()}
+    return batch
+
+
+def fp8_warm_pass(
+    model: Any, input_ids: torch.Tensor, extra: dict[str, torch.Tensor] | None = None
+) -> None:
+    """One forward of `input_ids` (`[b, s]`, one micro-batch) *with autograd on*, its output
+    dropped: what fills a delayed-scaling FP8 model's amax history and scales.
+
+    Transformer Engine reduces the amaxes and updates delayed scales when the outermost
+    `fp8_autocast` exits with grad enabled, never under `no_grad` (TE 2.11,
+    `FP8GlobalStateManager.autocast_exit`), so a scoring pass cannot warm a model. No
+    backward runs: the graph is freed with the output. Every rank of the model-parallel
+    group must call this."""
+    was_training = _unwrap(model).training
+    model.eval()
+    batch = _scoring_batch(model, input_ids, extra)
+    with torch.enable_grad():
+        run_schedule(model, [batch], _logprob_loss, True)
+    if was_training:
+        model.train()
 
 
 @torch.no_grad()

@@ -56,6 +56,7 @@ from megatron_seed.data.packing import PackPlan, pack, padded_fraction
 from megatron_seed.models.convert import HFCheckpoint, load_hf_weights
 from megatron_seed.models.logprobs import (
     broadcast_from_last_stage,
+    fp8_warm_pass,
     micro_batches,
     packed_logprobs,
     run_schedule,
@@ -474,7 +475,12 @@ class SeedTrainer:
         if not getattr(getattr(model, "config", None), "fp8", None):
             return  # scored without FP8 (`without_fp8`): nothing to warm yet
         self._fp8_warm.add(id(model))
-        self.score(batch, model)  # fills the amax history; its log-probs are dropped
+        # one micro-batch of this rank's rows, grad on: TE updates delayed scales only
+        # when an autocast exits with grad enabled (`fp8_warm_pass`)
+        rows = self._dp_rows(batch.input_ids.shape[0])[0].clamp(min=0)
+        rows = rows[: self.cfg.optim.micro_batch_size]
+        extra = {"routes": batch.routes[rows]} if batch.routes is not None else None
+        fp8_warm_pass(model, batch.input_ids[rows], extra)
 
     def _score_packed(self, batch: TokenBatch, model: Any, extra: dict) -> torch.Tensor:
         """`score` over packed rows: this rank's rows, gathered over DP, unpacked."""

@@ -489,47 +489,68 @@ def test_the_refit_probe_is_scored_without_fp8_and_the_switch_comes_back():
     assert (shared.fp8, own.fp8) == ("hybrid", "hybrid")
 
 
-def test_delayed_fp8_scores_each_models_first_batch_twice(monkeypatch):
-    """Delayed scaling: a model's first FP8-scored batch runs once more before it counts (the
-    discarded pass fills the amax history update 0 would otherwise score without); later
-    batches, passes without FP8 and the other recipes run once."""
+def test_delayed_fp8_warms_each_models_first_batch_with_grad_enabled(monkeypatch):
+    """Delayed scaling: before a model's first FP8-scored batch counts, one micro-batch of it
+    runs forward with autograd on (Transformer Engine updates delayed scales only when an
+    autocast exits with grad enabled: a warm pass under `no_grad`, as before, left update 0
+    scoring with every scale at 1.0). Later batches, passes without FP8 and the other
+    recipes are scored once, under `no_grad`."""
     from types import SimpleNamespace
 
+    from megatron_seed.models import logprobs
     from megatron_seed.train import trainer as trainer_mod
     from megatron_seed.train.trainer import SeedTrainer
 
     passes: list[str] = []
 
     def token_logprobs(model, ids, micro_batch_size, extra):
-        passes.append(f"{model.name} fp8={model.config.fp8}")
+        passes.append(f"score {model.name} fp8={model.config.fp8} grad={torch.is_grad_enabled()}")
         return torch.zeros(ids.shape)
 
+    def run_schedule(model, batches, loss_fn, forward_only):
+        rows = batches[0]["input_ids"].shape[0]
+        grad = torch.is_grad_enabled()
+        passes.append(f"warm {model.name} fp8={model.config.fp8} grad={grad} rows={rows}")
+        return []
+
     monkeypatch.setattr(trainer_mod, "token_logprobs", token_logprobs)
+    monkeypatch.setattr(logprobs, "run_schedule", run_schedule)
     monkeypatch.setattr(SeedTrainer, "dp", property(lambda self: (0, 1)))
-    batch = SimpleNamespace(input_ids=torch.ones(1, 3, dtype=torch.long), routes=None)  # read
+    batch = SimpleNamespace(input_ids=torch.ones(4, 16, dtype=torch.long), routes=None)
     for recipe, want in (
         (
             "delayed",
             [
-                "policy fp8=None",  # the refit probe without FP8: nothing warmed
-                "policy fp8=hybrid",  # the first FP8 batch: discarded ...
-                "policy fp8=hybrid",  # ... and scored
-                "policy fp8=hybrid",  # warm from now on
-                "reference fp8=hybrid",  # the reference has its own scales
-                "reference fp8=hybrid",
+                "score policy fp8=None grad=False",  # the refit probe without FP8
+                "warm policy fp8=hybrid grad=True rows=2",  # the first FP8 batch: warm ...
+                "score policy fp8=hybrid grad=False",  # ... then scored
+                "score policy fp8=hybrid grad=False",  # warm from now on
+                "warm reference fp8=hybrid grad=True rows=2",  # the reference's own scales
+                "score reference fp8=hybrid grad=False",
             ],
         ),
-        ("tensorwise", ["policy fp8=None"] + ["policy fp8=hybrid"] * 2 + ["reference fp8=hybrid"]),
+        (
+            "tensorwise",
+            ["score policy fp8=None grad=False"]
+            + ["score policy fp8=hybrid grad=False"] * 2
+            + ["score reference fp8=hybrid grad=False"],
+        ),
     ):
         passes.clear()
         trainer = object.__new__(SeedTrainer)
         trainer.cfg = SimpleNamespace(
             parallel=SimpleNamespace(fp8_recipe=recipe),
-            optim=SimpleNamespace(micro_batch_tokens=0, micro_batch_size=1),
+            optim=SimpleNamespace(micro_batch_tokens=0, micro_batch_size=2),
         )
         trainer._fp8_warm = set()
-        policy = SimpleNamespace(name="policy", config=SimpleNamespace(fp8=None))
-        reference = SimpleNamespace(name="reference", config=SimpleNamespace(fp8="hybrid"))
+
+        def model(name, fp8, recipe=recipe):
+            config = SimpleNamespace(
+                fp8=fp8, fp8_recipe=recipe, sequence_parallel=False, tensor_model_parallel_size=1
+            )
+            return SimpleNamespace(name=name, config=config, training=False, eval=lambda: None)
+
+        policy, reference = model("policy", None), model("reference", "hybrid")
         trainer.model = policy
         trainer.score(batch)  # as inside without_fp8
         policy.config.fp8 = "hybrid"
