@@ -12,30 +12,38 @@ activation recompute, and the colocated hand-over of grads and optimizer state),
 torch-native FP8 GEMMs on the model's shapes are timed against bf16 instead); "moe" runs the
 plain mode on a slice of a Qwen3-30B-A3B-shaped mixture of experts (its attention, 128
 experts of width 768, top 8, renormalised; 2 of its 48 layers; `--moe-model` for a local
-Qwen3-MoE folder), TE's grouped GEMM where TE imports. Modes run in `--modes` order. Each mode:
+Qwen3-MoE folder), TE's grouped GEMM where TE imports; "moe-recipe" runs that slice with the
+recipe mode's trainer settings and trains on replayed routes (routing replay under full
+recompute, the distributed optimizer's checkpoint). Modes run in `--modes` order. Each mode:
 
 1. `SeedTrainer` is built as Stage 2 builds it (policy, frozen reference, Megatron DDP and
    optimizer; the TE spec when TE imports) from the HF weights;
 2. parity: the trainer's per-token log-probs against transformers' on the same ids, and
-   packed rows against padded ones; "moe" also replays random routes (routing replay);
-3. `train_step` on a SEED batch of `--seq` tokens per sequence (student and teacher),
-   timed: tokens/s and MFU (6 N + attention FLOPs per token against `--peak-tflops`);
-4. memory against the launcher's model (`launch.layout.trainer_memory_gib`): on a GPU the
-   allocator's peak must stay under the estimate; everywhere, the bytes the trainer holds in
-   weights, gradients, optimizer state and reference must match the model's static part;
-   "recipe" also releases and reclaims its grads and optimizer state (colocated mode);
-5. a checkpoint save, one more step, a fresh trainer resumed from the checkpoint, the same
-   step: the two must agree (exactly on the CPU).
+   packed rows against padded ones; the MoE modes also replay random routes (routing replay);
+3. `train_step` on a SEED batch of `--seq` tokens per sequence (student and teacher; in
+   "moe-recipe" with routes to replay), timed: tokens/s and MFU (6 N + attention FLOPs per
+   token against `--peak-tflops`);
+4. memory against the launcher's model (`launch.layout.trainer_memory_gib`, experts
+   included): on a GPU the allocator's peak must stay under the estimate; everywhere, the
+   bytes the trainer holds in weights, gradients, optimizer state and reference must match
+   the model's static part; the recipe modes also release and reclaim their grads and
+   optimizer state (colocated mode);
+5. a checkpoint save (the host's peak resident memory during it recorded), one more step, a
+   fresh trainer resumed from the checkpoint, the same step: the two must agree (exactly on
+   the CPU).
 
 The JSON (`--out`) is rewritten and flushed after every phase, so a run cut short keeps what
 it measured; progress goes to stdout. Modes that would not finish inside `--budget-s`
-(default 480 s, from the first mode's measured time) are recorded as skipped. Besides
-PyTorch it needs only megatron-core and transformers (TE and vLLM are optional).
+(default 480 s, from the first mode's measured time) are recorded as skipped. At the end the
+results are checked (`problems`: only what each mode measured); the exit status is 1 if any
+check fails. Besides PyTorch it needs only megatron-core and transformers (TE and vLLM are
+optional).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -90,7 +98,8 @@ TINY_MOE = dict(
     num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
     moe_intermediate_size=64, intermediate_size=192,
 )  # fmt: skip
-MODES = ("plain", "recipe", "fp8", "moe")
+MODES = ("plain", "recipe", "fp8", "moe", "moe-recipe")
+MOE_MODES = ("moe", "moe-recipe")
 GIB = 2**30
 
 
@@ -169,22 +178,46 @@ def packing_parity(trainer, pb) -> dict:
     return {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
 
 
+def with_random_routes(spec, batch, seed: int):
+    """`batch` with random routes for every token of every row: each token's `top_k` of
+    `num_experts` experts, independently per sparse layer (`[n, layers, k]` per row)."""
+    from megatron_seed.train.batch import with_routes
+
+    g = torch.Generator().manual_seed(seed)
+    shape = (sum(spec.sparse_layers), spec.num_experts)
+    routes = [
+        torch.rand(n, *shape, generator=g).argsort(-1)[..., : spec.top_k]
+        for n in batch.lengths.tolist()
+    ]
+    return with_routes(batch, routes)
+
+
+def host_rss_gib(peak: bool = False) -> float:
+    """This process's resident host memory (GiB; `peak`: its high-water mark since the last
+    `reset_host_peak`), from /proc (0.0 where there is none)."""
+    key = "VmHWM:" if peak else "VmRSS:"
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return 0.0
+
+
+def reset_host_peak() -> None:
+    """Restart the high-water mark of resident memory (Linux: "5" to /proc/self/clear_refs)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
 def routing_replay_check(trainer, pb) -> dict:
     """The students scored with random routes replayed (its routers' kernels, TE's grouped
     GEMM on a GPU): the share of scored (token, layer) pairs routed as given (1.0), how
     often the routers' own choice agrees (~k / E by chance), and how far the log-probs move
     from free routing."""
-    from megatron_seed.train.batch import with_routes
-
-    spec = trainer.spec
-    g = torch.Generator().manual_seed(3)
-    shape = (sum(spec.sparse_layers), spec.num_experts)
-    routes = [
-        torch.rand(n, *shape, generator=g).argsort(-1)[..., : spec.top_k]
-        for n in pb.student.lengths.tolist()
-    ]
     free = trainer.score(pb.student)  # [B, s]
-    replayed = trainer.score(with_routes(pb.student, routes), count_routes=True)
+    replayed = trainer.score(with_random_routes(trainer.spec, pb.student, 3), count_routes=True)
     counts = trainer.route_agreement()
     mask = pb.student.loss_mask
     return {
@@ -312,6 +345,11 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
     if spec.is_moe:
         out["routing_replay"] = routing_replay_check(trainer, pb)
         results.phase(name, out, "routing_replay")
+    if spec.is_moe and cfg.algo.routing_replay and par.recompute == "full":
+        # train on replayed routes: the recomputation in backward must replay them again
+        pb.student = with_random_routes(spec, pb.student, 4)
+        if pb.teacher is not None:
+            pb.teacher = with_random_routes(spec, pb.teacher, 5)
     times, losses = [], []
     for _ in range(args.steps):
         if on_gpu:
@@ -322,6 +360,8 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
         losses.append(m["loss/total"])
+        if pb.student.routes is not None:  # theta_old's pass: the routers against the routes
+            out.setdefault("training_replay", []).append(m.get("moe/routes_replayed"))
     out["losses"] = losses
     out["finite"] = all(math.isfinite(x) for x in losses)
     timed = sorted(times[1:] or times)  # the first step warms kernels up
@@ -335,19 +375,15 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
     out["mfu"] = out["train_tokens_per_s"] * fpt / (args.peak_tflops * 1e12) if on_gpu else None
     results.phase(name, out, "train")
 
-    # memory: the allocator's peak and the bytes held, against the launcher's model (which
-    # has no experts yet: a mixture of experts records what it holds and its peak only)
+    # memory: the allocator's peak and the bytes held, against the launcher's model
     held = held_bytes(trainer)
     peak = torch.cuda.max_memory_allocated() / GIB if on_gpu else None
-    if spec.is_moe:
-        out["memory"] = {"held_gib": {k: v / GIB for k, v in held.items()}, "peak_gib": peak}
-        results.phase(name, out, "memory")
-        return resume_check(trainer, cfg, hf_dir, pb, results, name, out)
     shape = ModelShape(
         hf_id=hf_dir, layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads,
         kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, ffn=spec.intermediate_size,
         vocab=spec.vocab_size, tied_embeddings=spec.tie_word_embeddings, qkv_bias=spec.qkv_bias,
-        qk_norm=spec.qk_norm,
+        qk_norm=spec.qk_norm, experts=spec.num_experts, top_k=spec.top_k,
+        expert_ffn=spec.moe_ffn, norm_topk_prob=spec.norm_topk_prob,
     )  # fmt: skip
     layout = ClusterLayout(
         gpus_per_node=1, trainer_ranks_per_node=1, fleet_gpus_per_node=0,
@@ -379,9 +415,13 @@ def resume_check(trainer, cfg, hf_dir: str, pb, results: Results, name: str, out
     on_gpu = torch.cuda.is_available()
     hf_config = json.loads((Path(hf_dir) / "config.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
+        before = host_rss_gib()
+        reset_host_peak()
         t = time.perf_counter()
         save_checkpoint(trainer, Path(tmp) / "ckpt", hf_config)
         out["checkpoint_save_seconds"] = time.perf_counter() - t
+        # what a save adds to the host (the distributed optimizer's state gathered there)
+        out["host_rss_gib"] = {"before_save": before, "peak_during_save": host_rss_gib(True)}
         after = trainer.train_step(pb)["loss/total"]
         del trainer
         if on_gpu:
@@ -465,7 +505,7 @@ def main() -> int:
     parser.add_argument("--cpu-tiny", action="store_true", help="tiny model on the CPU")
     parser.add_argument("--moe-model", help="a local HF Qwen3-MoE folder for the moe mode")
     parser.add_argument(
-        "--modes", default="plain,recipe,fp8,moe", help="which of plain, recipe, fp8, moe, in order"
+        "--modes", default=",".join(MODES), help=f"which of {', '.join(MODES)}, in order"
     )
     parser.add_argument(
         "--budget-s", type=float, default=480.0, help="skip modes that would end past this"
@@ -509,6 +549,7 @@ def main() -> int:
         "recipe": mode_config(precision, None, True, on_gpu),
         "fp8": mode_config("bf16", args.fp8_recipe, False, on_gpu),
         "moe": mode_config(precision, None, False, on_gpu, moe=True),
+        "moe-recipe": mode_config(precision, None, True, on_gpu, moe=True),
     }
     modes = []  # (name, config), in the order asked for
     for name in wanted:
@@ -519,7 +560,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         from megatron_seed.models.qwen import QwenSpec
 
-        dense = set(wanted) - {"moe"}
+        dense = set(wanted) - set(MOE_MODES)
         hf_dir = make_model(args, Path(tmp)) if dense else ""
         spec = QwenSpec.from_pretrained(hf_dir) if dense else None
         if spec is not None:
@@ -537,7 +578,7 @@ def main() -> int:
             out = results.data["modes"][name] = {}
             t = time.perf_counter()
             mode_dir = hf_dir
-            if name == "moe":
+            if name in MOE_MODES:
                 mode_dir = make_model(args, Path(tmp), moe=True)
                 moe_spec = QwenSpec.from_pretrained(mode_dir)
                 out["model"] = {
@@ -553,9 +594,60 @@ def main() -> int:
             tokens = args.rows * args.seq
             results.data["fp8_torch_native"] = fp8_matmul_bench(spec, tokens, torch.device("cuda"))
     results.data["done"] = True
+    results.data["problems"] = problems(results.data)
     results.save()
     print(json.dumps(results.data, indent=2))
-    return 0
+    for line in results.data["problems"]:
+        print(f"smoke: FAILED {line}", file=sys.stderr)
+    return 1 if results.data["problems"] else 0
+
+
+PHASES = ("build", "parity", "packing", "train", "memory", "resume")
+
+
+def problems(data: dict) -> list[str]:
+    """What in a smoke's JSON is wrong, one line each: every mode that ran must have done
+    all its phases and pass the checks of what it measured (GPU-only numbers, which are None
+    on the CPU, only where present; skipped modes not at all)."""
+    bad: list[str] = []
+    for name, mode in data.get("modes", {}).items():
+        if "skipped" in mode:
+            continue
+        moe = name in MOE_MODES
+        want = [*PHASES[:3], "routing_replay", *PHASES[3:]] if moe else list(PHASES)
+        if mode.get("phases_done") != want:
+            bad.append(f"{name}: phases {mode.get('phases_done')}, expected {want}")
+            continue
+        if not mode["finite"]:
+            bad.append(f"{name}: non-finite loss {mode['losses']}")
+        for key in ("parity", "packing"):
+            if not mode[key]["mean_abs_diff"] < 0.05:
+                bad.append(f"{name}: {key} mean |diff| {mode[key]['mean_abs_diff']:.4f} >= 0.05")
+        if mode["mfu"] is not None and not 0.0 < mode["mfu"] < 1.0:
+            bad.append(f"{name}: MFU {mode['mfu']} outside (0, 1)")
+        memory = mode["memory"]
+        if not abs(memory["held_over_model_static"] - 1.0) < 0.05:
+            ratio = memory["held_over_model_static"]
+            bad.append(f"{name}: held / modelled static memory {ratio:.3f}, not 1")
+        if memory["peak_over_model_total"] is not None and memory["peak_over_model_total"] > 1.0:
+            ratio = memory["peak_over_model_total"]
+            bad.append(f"{name}: allocator peak {ratio:.3f} x the launcher's estimate")
+        resume = mode["resume"]
+        if not resume["abs_diff"] <= 1e-3 * max(1.0, abs(resume["loss_continued"])):
+            bad.append(f"{name}: resumed step differs by {resume['abs_diff']:.2e}")
+        if "handover" in mode and not math.isfinite(mode["handover"]["loss_after"]):
+            bad.append(f"{name}: non-finite loss after the hand-over")
+        if moe:
+            replay = mode["routing_replay"]
+            if not (replay["routes_replayed"] == 1.0 and replay["finite"]):
+                bad.append(f"{name}: routes replayed {replay['routes_replayed']}, not 1.0")
+            if not replay["moved_mean_abs"] > 1e-3:
+                bad.append(
+                    f"{name}: replayed routes moved log-probs by only {replay['moved_mean_abs']}"
+                )
+        if any(share != 1.0 for share in mode.get("training_replay", [])):
+            bad.append(f"{name}: shares of routes replayed in training {mode['training_replay']}")
+    return bad
 
 
 if __name__ == "__main__":

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import math
 
-from tests.gpu.test_gpu_smoke import _run
+from tests.gpu.test_gpu_smoke import _run, smoke_module
 
 PHASES = ["build", "parity", "packing", "train", "memory", "resume"]
 
 
 def test_cpu_dry_run(tmp_path):
-    """The whole script on a tiny model, in its plain, recipe and moe modes: parity with
-    transformers, a finite SEED update, an exact resume, the trainer's memory equal to the
-    launcher's static model, the colocated hand-over (nothing to give back on the CPU),
-    every phase saved; FP8 recorded as skipped without TE."""
+    """The whole script on a tiny model, in its plain, recipe, moe and moe-recipe modes:
+    parity with transformers, a finite SEED update, an exact resume, the trainer's memory
+    equal to the launcher's static model (experts included), the colocated hand-over
+    (nothing to give back on the CPU), training on replayed routes under full recompute,
+    every phase saved; FP8 recorded as skipped without TE; the script's own checks
+    (`problems`, what the GPU test asserts) pass on what each mode has."""
     result = _run(tmp_path, "--cpu-tiny")
-    assert result["done"] and set(result["modes"]) == {"plain", "recipe", "fp8", "moe"}
+    assert result["done"] and set(result["modes"]) == {
+        "plain",
+        "recipe",
+        "fp8",
+        "moe",
+        "moe-recipe",
+    }
     assert "Transformer Engine" in result["modes"]["fp8"]["skipped"]
+    assert result["problems"] == [] == smoke_module().problems(result)
     for name in ("plain", "recipe"):
         mode = result["modes"][name]
         assert mode["phases_done"] == PHASES, name
@@ -48,3 +57,38 @@ def test_cpu_dry_run(tmp_path):
     params = moe["model"]["params"]
     assert held == {"weights": 4 * params, "grads": 4 * params, "optimizer": 8 * params,
                     "reference": 4 * params}  # fmt: skip
+    assert abs(moe["memory"]["held_over_model_static"] - 1.0) < 0.01  # the launcher's experts
+    # the MoE slice with the recipe's settings: every token of theta_old's pass in each
+    # training step routed as the batch's routes say, under full recompute; the host's
+    # resident memory is recorded around the checkpoint save
+    moe_recipe = result["modes"]["moe-recipe"]
+    assert moe_recipe["recompute"] == "full" and moe_recipe["training_replay"] == [1.0, 1.0]
+    assert moe_recipe["finite"] and moe_recipe["resume"]["abs_diff"] == 0.0
+    assert moe_recipe["handover"]["given_back_gib"] == 0.0
+    rss = moe_recipe["host_rss_gib"]
+    assert 0.1 < rss["before_save"] <= rss["peak_during_save"] < 16
+
+
+def test_problems_reads_only_what_a_mode_has():
+    """The checks skip skipped modes and the GPU-only numbers a CPU run leaves None, and name
+    a mode that stopped early or measured something wrong (the first GPU run's JSON had a
+    skipped mode and an MoE mode without a memory estimate: the old test died on a KeyError)."""
+    problems = smoke_module().problems
+    good = {
+        "phases_done": [*PHASES[:3], *PHASES[3:]], "finite": True, "losses": [1.0],
+        "parity": {"mean_abs_diff": 0.01}, "packing": {"mean_abs_diff": 0.0}, "mfu": None,
+        "memory": {"held_over_model_static": 1.0, "peak_over_model_total": None},
+        "resume": {"abs_diff": 0.0, "loss_continued": 1.0},
+    }  # fmt: skip
+    moe = {
+        **good, "phases_done": [*PHASES[:3], "routing_replay", *PHASES[3:]],
+        "routing_replay": {"routes_replayed": 1.0, "finite": True, "moved_mean_abs": 0.1},
+    }  # fmt: skip
+    modes = {"plain": good, "recipe": {"skipped": "budget"}, "moe": moe}
+    assert problems({"modes": modes}) == []
+    cut = {**good, "phases_done": ["build", "parity"]}
+    over = {**good, "memory": {"held_over_model_static": 1.0, "peak_over_model_total": 1.2}}
+    free = {**moe, "training_replay": [1.0, 0.5]}
+    found = problems({"modes": {"plain": cut, "fp8": over, "moe": free}})
+    assert [line.split(":")[0] for line in found] == ["plain", "fp8", "moe"], found
+    assert "1.200 x the launcher's estimate" in found[1]

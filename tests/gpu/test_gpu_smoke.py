@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -10,28 +11,30 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu_smoke.py"
 
 
-def _run(tmp_path, *args):
+def smoke_module():
+    """tools/gpu_smoke.py as a module (its `problems` checks a result)."""
+    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(tmp_path, *args, ok: bool = True):
     out = tmp_path / "smoke.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(out), *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text())
 
 
 def test_gpu_smoke(tmp_path):
-    result = _run(tmp_path, "--steps", "3", "--seq", "1024")
-    for name, mode in result["modes"].items():
-        assert mode["finite"], name
-        assert mode["parity"]["mean_abs_diff"] < 0.05, (name, mode["parity"])
-        assert mode["packing"]["mean_abs_diff"] < 0.05, (name, mode["packing"])
-        assert 0.0 < mode["mfu"] < 1.0, name
-        assert mode["memory"]["peak_over_model_total"] <= 1.0, (name, mode["memory"])
-        assert mode["resume"]["abs_diff"] <= 1e-3 * max(1.0, abs(mode["resume"]["loss_continued"]))
-        if name == "moe":  # routing replay through TE's grouped GEMM
-            replay = mode["routing_replay"]
-            assert replay["routes_replayed"] == 1.0 and replay["finite"]
-            assert replay["moved_mean_abs"] > 1e-3  # the random routes were followed
+    """Every mode that ran passes the checks of what it measured (skipped modes and numbers a
+    mode does not have are not read)."""
+    result = _run(tmp_path, "--steps", "3", "--seq", "1024", ok=False)
+    assert result["done"]
+    assert smoke_module().problems(result) == [] == result["problems"]
