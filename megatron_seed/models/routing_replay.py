@@ -122,6 +122,16 @@ class ModelRoutes:
             raise RuntimeError(f"routing replay: {left} routes were never recomputed")
 
     @contextlib.contextmanager
+    def replaying(self) -> Iterator[None]:
+        """Route the given tokens as given inside this block, whatever `replay` says (the
+        refit probe: the trainer scores it on each engine's routes)."""
+        saved, self.replay = self.replay, True
+        try:
+            yield
+        finally:
+            self.replay = saved
+
+    @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
         """Count agreement over the `scored` tokens of the passes inside this block."""
         self.active = True

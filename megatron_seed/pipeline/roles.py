@@ -111,9 +111,12 @@ class Follower:
         follow_sync(stream, fleet.transport, rank(), dtype, buffer)
         return {}
 
-    def refit_verdict(self, ids: list[int], reference: list[float], precision: str) -> Any:
+    def refit_verdict(self, ids: list[int], reference: list[Any], precision: str) -> Any:
         """Rank 0 compares the engines with the trainer (its verdict is broadcast)."""
         return {}
+
+    def probe_routes(self, ids: list[int]) -> None:
+        """Rank 0 reads the engines' routes of the probe (its answer is broadcast)."""
 
     def routes(self, pb: PolicyBatch, students: int | None) -> None:
         """Rank 0 reads the routes back from the engines (its answer is broadcast)."""
@@ -288,9 +291,10 @@ class Leader(Follower):
         stats = self.fleet.update_weights(stream, bucket_bytes=fleet.sync_bucket_bytes, meta=meta)
         return {"sync/bytes": float(stats.bytes), "sync/seconds": stats.seconds}
 
-    def refit_verdict(self, ids: list[int], reference: list[float], precision: str) -> Any:
-        """Every engine's log-probs of the probe against the trainer's: the per-engine gaps,
-        or the `RefitError` message naming the engine that differs."""
+    def refit_verdict(self, ids: list[int], reference: list[Any], precision: str) -> Any:
+        """Every engine's log-probs of the probe against the trainer's (one list, or one per
+        engine: `rollout.refit.check_refit`): the per-engine gaps, or the `RefitError`
+        message naming the engine that differs."""
         from megatron_seed.rollout.refit import RefitError, check_refit
 
         per_engine = [p[0] for p in self.fleet.prompt_logprobs_per_engine([ids])]
@@ -300,6 +304,14 @@ class Leader(Follower):
             return check_refit(reference, per_engine, tol)
         except RefitError as err:
             return str(err)
+
+    def probe_routes(self, ids: list[int]) -> list[Any] | str:
+        """Every engine's routes of the refit probe (`[n, layers, k]` each, engine order),
+        or the error message if an engine fails."""
+        try:
+            return [r[0] for r in self.fleet.routes_per_engine([ids])]
+        except Exception as err:  # every rank fails with it, none waits for the broadcast
+            return f"{type(err).__name__}: {err}"
 
     def routes(self, pb: PolicyBatch, students: int | None) -> tuple[list, list] | str:
         """The engines' routes (`Fleet.routes`) of every student and teacher row, or (a

@@ -50,7 +50,7 @@ from megatron_seed.pipeline.one_step_off import play_ahead, staleness
 from megatron_seed.pipeline.preemption import preemption
 from megatron_seed.pipeline.replay import replay_batch, replay_pool
 from megatron_seed.pipeline.roles import Follower, Leader, Played, Slot
-from megatron_seed.pipeline.routes import engine_routes
+from megatron_seed.pipeline.routes import engine_routes, probe_on_engine_routes
 from megatron_seed.rollout.refit import RefitError, probe_ids
 from megatron_seed.train.batch import (
     PolicyBatch,
@@ -130,12 +130,17 @@ def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dic
 
 def verify_refit(run: Run) -> dict[str, float]:
     """The trainer and every engine score the probe; `RefitError` (on every rank) if an
-    engine's weights differ from the trainer's."""
+    engine's weights differ from the trainer's. A mixture of experts: the engines report
+    their routes of the probe and the trainer scores it once per engine on that engine's
+    routes (replayed whatever `algo.routing_replay` says), so a gap measures the weights,
+    not routers that broke a near tie the other way (flips that compound over layers)."""
     if run.probe is None:
         return {}
-    with run.trainer.without_fp8():  # the engines run bf16: compare like with like
-        reference = run.trainer.score(run.probe)[0, :-1].tolist()  # a collective
     ids = run.probe.input_ids[0].tolist()
+    probe = probe_on_engine_routes(run) if run.trainer.spec.is_moe else run.probe
+    with run.trainer.without_fp8(), run.trainer.replaying_routes():  # engines run bf16
+        scored = run.trainer.score(probe)[:, :-1].tolist()  # a collective; [rows, n - 1]
+    reference = scored if run.trainer.spec.is_moe else scored[0]
     verdict = broadcast(run.side.refit_verdict(ids, reference, run.trainer.precision))
     if isinstance(verdict, str):
         raise RefitError(f"update {run.step}: {verdict}")

@@ -577,6 +577,12 @@ class SeedTrainer:
         self.state.step += 1
         return totals
 
+    def replaying_routes(self) -> contextlib.AbstractContextManager[None]:
+        """Inside this block a mixture-of-experts model routes the tokens a batch brings
+        routes for as given, also with `algo.routing_replay` off (the refit probe, scored on
+        each engine's own routes); nothing for a dense model."""
+        return self._routes.replaying() if self._routes is not None else contextlib.nullcontext()
+
     def route_agreement(self) -> dict[str, float]:
         """`moe/route_agreement` and `moe/routes_replayed` over the scored tokens counted
         since the last call (`score(..., count_routes=True)`: theta_old's pass in an

@@ -127,6 +127,21 @@ def test_the_routers_load_balancing_loss_and_statistics(moe_checkpoint):
         assert max(_rel(grads[k], runs[(1, 1)][1][k]) for k in grads) <= 1e-5, layout
 
 
+def test_the_moe_refit_probe_is_scored_on_each_engines_routes(moe_checkpoint, tmp_path):
+    """The refit check of a mixture of experts (routing replay off for training): two
+    engines route the probe through other experts than the trainer's routers pick (random
+    routes; their log-probs are transformers' with those routes forced). Scored on each
+    engine's routes, the trainer agrees with both to float32 rounding; free routing, as the
+    check scored before, would leave a gap far above the float32 tolerance (a false refit
+    error); an engine with other weights is still named."""
+    hf, tok = moe_checkpoint
+    out = spawn(workers.moe_refit_probe, 1, hf, tok, CFG, str(tmp_path))[0]
+    tolerance = CFG.fleet.refit_max_gap_fp32
+    assert out["metrics"]["sync/probe_gap_max"] < 1e-5
+    assert out["free_gap"] > 10 * tolerance
+    assert out["error"] is not None and "update 3: engine 1 disagrees" in out["error"]
+
+
 def test_routing_replay_routes_every_pass_as_given_in_every_layout(moe_checkpoint):
     """Routing replay (`algo.routing_replay`) on a tiny Qwen3-MoE with random routes (not the
     routers' own) on every student and teacher row, row 0's first 3 tokens left free: the

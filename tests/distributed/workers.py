@@ -719,3 +719,59 @@ def no_signal_update(hf_dir, tok_dir, cfg, rewards):
     before = trainer.score(pb.student)
     metrics = trainer.train_step(pb)
     return {"before": before, "after": trainer.score(pb.student), "metrics": metrics}
+
+
+def moe_refit_probe(hf_dir, tok_dir, cfg, out_dir):
+    """The refit check on a tiny Qwen3-MoE trainer (`algo.routing_replay` off) against two
+    fake engines whose routers picked other experts than the trainer's would (random routes)
+    and whose log-probs of the probe are transformers' with its routers forced to those
+    routes: the check's metrics, the gap free routing would leave, and the `RefitError` an
+    engine with other weights (log-probs shifted by 0.3) gets."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from megatron_seed.models.parallel import init_parallel
+    from megatron_seed.pipeline import stage2
+    from megatron_seed.pipeline.job import Stage2Job
+    from megatron_seed.pipeline.roles import Leader
+    from megatron_seed.rollout.refit import RefitError, check_refit
+    from megatron_seed.train.batch import select_rows, with_routes
+    from megatron_seed.train.trainer import SeedTrainer
+
+    init_parallel(1, 1)
+    trainer = SeedTrainer(cfg, hf_dir)
+    probe = stage2._probe(cfg, AutoTokenizer.from_pretrained(tok_dir), trainer.seq_multiple)
+    spec, n = trainer.spec, probe.input_ids.shape[1]
+    g = torch.Generator().manual_seed(7)
+    routes = [  # engine e: [n, layers, k]
+        torch.rand(n, spec.num_layers, spec.num_experts, generator=g).argsort(-1)[..., : spec.top_k]
+        for _ in range(2)
+    ]
+    rows = with_routes(select_rows(probe, torch.zeros(2, dtype=torch.long)), routes)
+    forced, _ = hf_forced_logprobs(hf_dir, rows)  # [2, n]
+    engines = [forced[e, : n - 1].tolist() for e in range(2)]
+
+    class Fleet:
+        shift = 0.0
+
+        def routes_per_engine(self, sequences):
+            assert sequences == [probe.input_ids[0].tolist()]
+            return [[r.numpy()] for r in routes]
+
+        def prompt_logprobs_per_engine(self, sequences):
+            return [[engines[0]], [[x + self.shift for x in engines[1]]]]
+
+    fleet = Fleet()
+    side = Leader(Stage2Job("m", ["g"], out_dir, cfg=cfg), SimpleNamespace(fleet=fleet))
+    run = SimpleNamespace(probe=probe, trainer=trainer, side=side, step=3, cfg=cfg)
+    metrics = stage2.verify_refit(run)
+    free = trainer.score(probe)[0, :-1].tolist()
+    free_gap = check_refit(free, engines, max_gap=1e9)["sync/probe_gap_max"]
+    fleet.shift = 0.3
+    try:
+        stage2.verify_refit(run)
+        error = None
+    except RefitError as err:
+        error = str(err)
+    return {"metrics": metrics, "free_gap": free_gap, "error": error}

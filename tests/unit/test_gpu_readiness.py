@@ -480,6 +480,7 @@ def test_the_refit_probe_is_scored_without_fp8_and_the_switch_comes_back():
 
     trainer = object.__new__(SeedTrainer)
     trainer.model, trainer.score, trainer.precision = model, score, "bf16"
+    trainer.spec, trainer._routes = SimpleNamespace(is_moe=False), None
     probe = SimpleNamespace(input_ids=torch.zeros(1, 4, dtype=torch.long))
     run = SimpleNamespace(probe=probe, trainer=trainer, side=Follower(), step=1)
     assert stage2.verify_refit(run) == {}  # rank != 0: no engines to compare with here

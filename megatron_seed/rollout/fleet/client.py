@@ -364,8 +364,16 @@ class Fleet:
 
     def prompt_logprobs_per_engine(self, sequences: list[list[int]]) -> list[list[list[float]]]:
         """The same sequences scored by every engine (checks that all engines agree)."""
+        return self._per_engine("prompt_logprobs", sequences)
+
+    def routes_per_engine(self, sequences: list[list[int]]) -> list[list[Any]]:
+        """The same sequences routed by every engine (`routes`; the MoE refit probe)."""
+        return self._per_engine("routes", sequences)
+
+    def _per_engine(self, method: str, sequences: list[list[int]]) -> list[list[Any]]:
+        """`method` of every engine on all of `sequences`: one result list per engine."""
         works = [
-            _Work(e, list(range(len(sequences))), "prompt_logprobs", (sequences,))
+            _Work(e, list(range(len(sequences))), method, (sequences,))
             for e in range(self.num_engines)
         ]
         results = self._run(works)
