@@ -130,10 +130,9 @@ def train_and_sync(run: Run, records: list[TrajectoryRecord], timer: Any) -> dic
 
 def verify_refit(run: Run) -> dict[str, float]:
     """The trainer and every engine score the probe; `RefitError` (on every rank) if an
-    engine's weights differ from the trainer's. A mixture of experts: the engines report
-    their routes of the probe and the trainer scores it once per engine on that engine's
-    routes (replayed whatever `algo.routing_replay` says), so a gap measures the weights,
-    not routers that broke a near tie the other way (flips that compound over layers)."""
+    engine's weights differ from the trainer's. A mixture of experts is scored once per
+    engine on that engine's routes (`probe_on_engine_routes`): a gap measures the weights,
+    not routers that broke a near tie the other way (flips compound over layers)."""
     if run.probe is None:
         return {}
     ids = run.probe.input_ids[0].tolist()
