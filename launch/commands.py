@@ -17,8 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launch.layout import colocated_memory_gib, trainer_memory_gib
-from launch.plan import JobCommand, LaunchPlan, PlanError, make_plan
+from launch.layout import (
+    GIB,
+    HOST_PHASES,
+    colocated_memory_gib,
+    node_host_memory_gib,
+    object_store_gib,
+    trainer_memory_gib,
+)
+from launch.plan import PROFILE_NODE_KEYS, JobCommand, LaunchPlan, PlanError, make_plan
 from megatron_seed import recipes
 from megatron_seed.errors import CommandError
 
@@ -64,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     slurm.add_argument(
         "--cluster-profile",
-        help="JSON file of slurm settings (partition, nccl_socket_ifname, nccl_ib_hca, ...)",
+        help="JSON file of slurm settings (partition, nccl_socket_ifname, nccl_ib_hca, ...) "
+        "and of the nodes (node_type: dgx-h100 or dgx-h200; host_memory_gib)",
     )
     slurm.add_argument("--nccl-socket-ifname", help="NCCL_SOCKET_IFNAME, e.g. ib0")
     slurm.add_argument("--nccl-ib-hca", help="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1")
@@ -141,6 +149,42 @@ def memory_summary(plan: LaunchPlan) -> str:
     return line
 
 
+def host_memory_table(plan: LaunchPlan) -> list[str]:
+    """The busiest node's host GiB in each phase, by term (`node_host_memory_gib`): a title
+    line and one line per phase; none for a CPU job."""
+    if not plan.layout.on_gpu:
+        return []
+    lay = plan.layout
+    phases = node_host_memory_gib(plan.recipe.model, plan.config, lay, plan.nodes)
+    budget = lay.host_memory_gib * lay.host_memory_headroom
+    lines = [
+        f"host memory per node, GiB (the node of trainer rank 0; {lay.host_memory_gib:.0f} "
+        f"GiB of RAM, budget {budget:.0f}):"
+    ]
+    for phase in HOST_PHASES:
+        terms = phases[phase]
+        parts = ", ".join(
+            f"{k} {v:.0f}" if v >= 10 else f"{k} {v:.1f}"
+            for k, v in terms.items()
+            if k != "total" and v > 0
+        )
+        lines.append(f"  {phase:<8} {'~' + format(terms['total'], '.0f'):<6} {parts}")
+    copy, store = 2 * plan.recipe.model.params / GIB, object_store_gib(lay)
+    if plan.config.fleet.replay == "memory" and 2 * copy > store:
+        lines.append(
+            f"  the replay copy ({copy:.0f} GiB; {2 * copy:.0f} while a sync commits) outgrows "
+            f"Ray's object store ({store:.0f} GiB): Ray spills the rest to the node's disk "
+            '(fleet.replay "disk" keeps it all there)'
+        )
+    return lines
+
+
+def _print_memory(plan: LaunchPlan) -> None:
+    """The plan's GPU and host memory, as comments on stderr."""
+    for line in [memory_summary(plan), *host_memory_table(plan)]:
+        print(f"# {line}", file=sys.stderr)
+
+
 def _plan(args: argparse.Namespace) -> LaunchPlan:
     if args.executor == "local" and args.nodes != 1:
         raise CommandError(f"--executor local runs on one node, got --nodes {args.nodes}")
@@ -162,9 +206,23 @@ def _plan(args: argparse.Namespace) -> LaunchPlan:
             engine_tp=args.engine_tp,
             config_json=args.config_json,
             colocate=args.colocate,
+            **_profile_nodes(args.cluster_profile),
         )
     except PlanError as err:
         raise CommandError(str(err)) from None
+
+
+def _profile_nodes(path: str | None) -> dict[str, Any]:
+    """What a cluster profile says about its nodes (`plan.PROFILE_NODE_KEYS`), for the plan."""
+    if not path:
+        return {}
+    from launch import slurm
+
+    try:
+        profile = slurm.read_profile(path)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    return {k: profile[k] for k in PROFILE_NODE_KEYS if k in profile}
 
 
 def job_paths(args: argparse.Namespace) -> dict[str, str]:
@@ -210,6 +268,7 @@ def _slurm(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -
         "nccl_socket_ifname": args.nccl_socket_ifname,
         "nccl_ib_hca": args.nccl_ib_hca,
     }
+    profile = {k: v for k, v in profile.items() if k not in PROFILE_NODE_KEYS}  # the plan's
     settings = {**profile, **{k: v for k, v in flags.items() if v is not None}}
     if "container_mounts" in settings:
         settings["container_mounts"] = tuple(settings["container_mounts"])
@@ -221,7 +280,7 @@ def _slurm(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -
         raise CommandError(
             f"--ssh needs an absolute --job-dir on the cluster, got {args.job_dir!r}"
         )
-    print(f"# {memory_summary(plan)}", file=sys.stderr)
+    _print_memory(plan)
     if args.dryrun:
         with contextlib.redirect_stdout(sys.stderr):  # NeMo-Run's console chatter
             script = slurm.render(plan, opts, job)
@@ -257,7 +316,7 @@ def _wait(sub: Any, ssh: str | None) -> int:
 def _local(plan: LaunchPlan, job: JobCommand | None, args: argparse.Namespace) -> int:
     from launch.local import run_local
 
-    print(f"# {memory_summary(plan)}", file=sys.stderr)
+    _print_memory(plan)
     job = job or plan.job()
     if args.dryrun:
         nproc = plan.layout.trainer_ranks_per_node

@@ -10,6 +10,9 @@ Colocated (`fleet.colocate`, `ClusterLayout.colocated`): every GPU of a node hol
 trainer rank and one engine worker; the engines sleep while the trainer trains and the trainer
 offloads its gradients and optimizer state while the engines generate, so the memory check
 checks every phase of a colocated job: start, train, sync, generate (`colocated_memory_gib`).
+Host RAM is checked the same way, per phase, for the busiest node (`node_host_memory_gib`:
+sleeping engines, offloaded optimizer state, checkpoint gathers, the replay copy), against
+the layout's `host_memory_gib` (a node type's: `NODE_TYPES`).
 
 `ModelShape` (`megatron_seed.recipes`) holds only what the launcher needs before any
 checkpoint is at hand (parameter count, divisibility). The engines' TP is the config's
@@ -32,6 +35,30 @@ class LayoutError(ValueError):
 
 
 @dataclass(frozen=True)
+class NodeType:
+    """A kind of node a cluster is made of: its GPUs and its host RAM."""
+
+    gpus: int
+    gpu_memory_gib: float
+    host_memory_gib: float
+    source: str  # where the numbers come from
+
+    def layout_changes(self) -> dict[str, float]:
+        """The `ClusterLayout` fields this node type sets (the GPU split stays the layout's)."""
+        return {"gpu_memory_gib": self.gpu_memory_gib, "host_memory_gib": self.host_memory_gib}
+
+
+# 32 x 64 GB DDR5 DIMMs (2,048 GiB) beside 8 GPUs: NVIDIA's DGX H100 and DGX H200 datasheets
+# ("System memory: 2 TB"), and NVIDIA's MLPerf Inference v4.1 system description of a DGX
+# H200 (mlcommons/inference_results_v4.1, closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json:
+# "host_memory_configuration": "32x 64GB").
+NODE_TYPES: dict[str, NodeType] = {
+    "dgx-h100": NodeType(8, 80.0, 2048.0, "DGX H100: 8 x H100 80 GB, 2 TB system memory"),
+    "dgx-h200": NodeType(8, 141.0, 2048.0, "DGX H200: 8 x H200 141 GB, 2 TB system memory"),
+}
+
+
+@dataclass(frozen=True)
 class ClusterLayout:
     """How every node's GPUs are split between trainer ranks and fleet engines.
 
@@ -48,6 +75,10 @@ class ClusterLayout:
     gpu_memory_gib: float = 80.0
     # The estimate must stay under this share of the GPU (allocator fragmentation, spikes).
     memory_headroom: float = 0.9
+    # Host RAM of one node (the default: a DGX H100, `NODE_TYPES`); the host estimate
+    # (`host_memory_gib`) must stay under this share of it (the OS, page cache, daemons).
+    host_memory_gib: float = 2048.0
+    host_memory_headroom: float = 0.9
     # Tokens in one trainer micro-batch (packed trajectories, full-history mode).
     tokens_per_micro_batch: int = 8192
     device: str = "cuda"  # "cuda": real GPUs; "cpu": a CPU job (GPUs as placement slots)
@@ -109,14 +140,11 @@ def trainer_memory_gib(
     (8*c*V/TP bytes, c = min(s, chunk); the whole micro-batch when chunking is off:
     `models.chunked`), and 4 GiB for the CUDA context, NCCL buffers and the allocator.
     """
-    tp, pp, ep = parallel.tp, parallel.pp, parallel.ep
+    tp, ep = parallel.tp, parallel.ep
     if dp % ep:
         raise LayoutError(f"EP={ep} does not divide the data-parallel size {dp}")
-    dense = (model.params - model.expert_params) / (tp * pp)  # per GPU
-    experts = model.expert_params / (tp * pp * ep)
+    dense, experts, optimizer_params = _rank_params(model, parallel, dp)  # per GPU
     params_per_gpu = dense + experts
-    sharded = parallel.distributed_optimizer
-    optimizer_params = dense / dp + experts / (dp // ep) if sharded else params_per_gpu
     s = layout.tokens_per_micro_batch
     # 1F1B: the first stage holds up to PP micro-batches of its layers/PP layers in flight
     layers = model.layers
@@ -254,6 +282,167 @@ def colocated_memory_gib(
     }
 
 
+# Host memory of the processes themselves, besides the tensors below (Python, torch and CUDA's
+# libraries, NCCL's host buffers, vLLM's scheduler and compiled graphs). Assumed, not yet
+# measured on a GPU node (the CPU stack's are: `CPU_TRAINER_RUNTIME_GIB`,
+# `CPU_ENGINE_RUNTIME_GIB`, an ALFWorld env worker's 0.14 GiB in docs/benchmarks.md); the GPU
+# smoke's host RSS replaces them once it has run.
+TRAINER_HOST_GIB = 6.0  # one trainer rank
+ENGINE_WORKER_HOST_GIB = 6.0  # one vLLM GPU worker (one per fleet GPU)
+ENGINE_HOST_GIB = 4.0  # one engine's actor and engine core
+RAY_HOST_GIB = 4.0  # one node's Ray daemons (the head's GCS and dashboard counted everywhere)
+ENV_WORKER_HOST_GIB = 0.5  # one environment worker
+# Ray's object store on a node (ray._private.utils defaults): 30 % of its RAM, at most 200 GB;
+# objects beyond it are spilled to the node's disk.
+OBJECT_STORE_SHARE = 0.3
+OBJECT_STORE_MAX_BYTES = 200 * 10**9
+# The phases of an update, in the order they come (a resume's load first).
+HOST_PHASES = ("load", "rollout", "train", "sync", "save")
+
+
+def node_host_memory_gib(
+    model: ModelShape,
+    config: SeedConfig,
+    layout: ClusterLayout,
+    nodes: int,
+    mem_efficient: bool = True,
+) -> dict[str, dict[str, float]]:
+    """Estimated host GiB of the busiest node in each phase, by term, with each phase's total.
+
+    The busiest node is trainer rank 0's: its process creates the fleet's state actor (Ray
+    keeps the replay copy on its node), and Megatron's rank order (TP fastest, then DP, then
+    PP) puts the first ranks of the data-parallel groups, which gather the optimizer state at
+    save, on it. On a node: R trainer ranks, F fleet GPUs, engines of TP t. P parameters, E of
+    them the experts', D = P - E; a rank holds N = D/(TP PP) + E/(TP PP EP) and, with the
+    distributed optimizer, Adam's state of N_opt = P/(TP PP DP) of them (N without it).
+    "load" is a start that resumes (the trainer is built and loads its checkpoint),
+    "rollout" the engines generating, "train", "sync" (the engines take the new weights),
+    "save" a checkpoint. Terms (zero where a phase has none):
+
+    - engines_asleep (colocated; load, train): vLLM's level-1 sleep copies each worker's bf16
+      weights into pinned host memory (the KV cache is dropped): F x 2P/t.
+    - optimizer_offloaded (colocated; rollout, sync, save): the trainer's fp32 master weights
+      and Adam m, v, in host memory while the engines have the GPUs
+      (`SeedTrainer.release_memory`): R x 12 N_opt.
+    - checkpoint_load (load): megatron-core's `fully_reshardable` load allocates, on every
+      rank and whatever the save's flag, its model-parallel share's whole state (fp32 param,
+      m, v) in host memory: R x 12 N (0 without the distributed optimizer: the state loads
+      into its GPU tensors).
+    - checkpoint_save (save): with `mem_efficient` (`checkpoint.OPTIMIZER_FORMAT`) the first
+      rank of each DP group gathers the group's state over gloo into host memory; dense
+      groups are DP wide, the experts' DP/EP (expert DP), so g_d of the node's ranks gather
+      12 D/(TP PP) each and g_e gather 12 E/(TP PP EP) each, G bytes in all, and each byte is
+      held twice: the checkpoint writer copies every tensor it writes out of the gathered
+      buffer (they are views into it): 2G. Megatron-core's default (`mem_efficient=False`)
+      all-gathers to every rank: R x 12 N + G. Without the distributed optimizer the writer's
+      host copies of the GPU state: G. (The model's bf16 save, 2 B per written parameter, is
+      written and freed before.)
+    - replay_copy (rollout, train, save; two copies while a sync commits): the fleet's copy
+      of the last synced weights in the engines' bf16 (`fleet.replay="memory"`), objects in
+      Ray's store: copies x 2P, at most the store, min(0.3 x RAM, 200 GB) (Ray spills the
+      rest to disk); none at load (a new fleet has none before its first sync) or with the
+      replay on disk or off.
+    - routes (mixture-of-experts; train, sync): every rank holds the update's engine routes
+      in the batch, int16 [rows, s, layers, k] (`train.batch.with_routes`: every row of the
+      students' batch, those without routes padded, when any are read back, i.e. with
+      `algo.routing_replay` or `algo.route_check_rows`; none one-step-off): R x 2 rows s L k
+      with s <= fleet.max_model_len, rows = tasks x group (x max_steps in window mode), twice
+      that with routing replay's teacher batch (`algo.use_opd`).
+    - runtime (every phase): R TRAINER_HOST_GIB + F ENGINE_WORKER_HOST_GIB + (F/t)
+      ENGINE_HOST_GIB + RAY_HOST_GIB + ceil(env.workers / nodes) ENV_WORKER_HOST_GIB.
+    """
+    parallel, fleet = config.parallel, config.fleet
+    tp, pp, ep = parallel.tp, parallel.pp, parallel.ep
+    r, f, t = layout.trainer_ranks_per_node, layout.fleet_gpus_per_node, fleet.engine_tp
+    dp = nodes * r // (tp * pp)
+    dense, experts, optimizer = _rank_params(model, parallel, dp)
+    dist_opt = parallel.distributed_optimizer
+    g_dense, g_experts = _first_node_gatherers(r, tp, dp, ep)
+    gathered = 12 * (g_dense * dense + g_experts * experts)
+    if not dist_opt:
+        save = gathered
+    elif mem_efficient:
+        save = 2 * gathered
+    else:
+        save = r * 12 * (dense + experts) + gathered
+    store = object_store_gib(layout) * GIB
+    replay = 2 * model.params if fleet.replay == "memory" else 0.0
+    asleep = f * 2 * model.params / t if layout.colocated else 0.0
+    offloaded = r * 12 * optimizer if layout.colocated else 0.0
+    runtime = GIB * (
+        r * TRAINER_HOST_GIB + f * ENGINE_WORKER_HOST_GIB + f // t * ENGINE_HOST_GIB
+        + RAY_HOST_GIB + -(-config.env.workers // nodes) * ENV_WORKER_HOST_GIB
+    )  # fmt: skip
+    routes = r * 2 * _route_tokens(config) * (model.layers if model.experts else 0) * model.top_k
+    held = {
+        "load": {
+            "engines_asleep": asleep,
+            "checkpoint_load": r * 12 * (dense + experts) if dist_opt else 0.0,
+        },
+        "rollout": {"optimizer_offloaded": offloaded, "replay_copy": min(replay, store)},
+        "train": {"engines_asleep": asleep, "replay_copy": min(replay, store), "routes": routes},
+        "sync": {
+            "optimizer_offloaded": offloaded,
+            "replay_copy": min(2 * replay, store),
+            "routes": routes,
+        },
+        "save": {
+            "optimizer_offloaded": offloaded,
+            "checkpoint_save": save,
+            "replay_copy": min(replay, store),
+        },
+    }
+    terms = ("engines_asleep", "optimizer_offloaded", "checkpoint_load", "checkpoint_save")
+    terms += ("replay_copy", "routes")
+    return {
+        phase: _in_gib({**{k: held[phase].get(k, 0.0) for k in terms}, "runtime": runtime})
+        for phase in HOST_PHASES
+    }
+
+
+def object_store_gib(layout: ClusterLayout) -> float:
+    """GiB of Ray's object store on one of the layout's nodes (Ray's default size)."""
+    return min(OBJECT_STORE_SHARE * layout.host_memory_gib * GIB, OBJECT_STORE_MAX_BYTES) / GIB
+
+
+def _rank_params(
+    model: ModelShape, parallel: ParallelConfig, dp: int
+) -> tuple[float, float, float]:
+    """One trainer rank's dense and expert parameters, and those of its Adam state: the
+    experts split over TP x PP x EP (expert TP = TP), the rest over TP x PP; with the
+    distributed optimizer, Adam's state sharded over DP (the experts' over DP / EP)."""
+    tp, pp, ep = parallel.tp, parallel.pp, parallel.ep
+    dense = (model.params - model.expert_params) / (tp * pp)
+    experts = model.expert_params / (tp * pp * ep)
+    if parallel.distributed_optimizer:
+        return dense, experts, dense / dp + experts / (dp // ep)
+    return dense, experts, dense + experts
+
+
+def _first_node_gatherers(ranks: int, tp: int, dp: int, ep: int) -> tuple[int, int]:
+    """Of the first node's `ranks` trainer ranks (global ranks 0..ranks-1), how many are the
+    first of their dense DP group and of their expert DP group: megatron-core's default
+    order numbers rank = tp + TP dp + TP DP pp (dense) and tp + TP ep + TP EP edp + TP DP pp
+    (experts, edp < DP / EP). No other node has more of either."""
+    dense = sum(1 for rank in range(ranks) if rank // tp % dp == 0)
+    experts = sum(1 for rank in range(ranks) if rank // (tp * ep) % (dp // ep) == 0)
+    return dense, experts
+
+
+def _route_tokens(config: SeedConfig) -> int:
+    """Tokens of the engine routes every trainer rank holds in an update, at most: rows x
+    `fleet.max_model_len` (`node_host_memory_gib`'s routes term)."""
+    algo, rollout = config.algo, config.rollout
+    if rollout.one_step_off or not (algo.routing_replay or algo.route_check_rows):
+        return 0
+    rows = rollout.tasks_per_update * rollout.group_size
+    if rollout.history_mode == "window":
+        rows *= rollout.max_steps
+    if algo.routing_replay and algo.use_opd:
+        rows *= 2  # the teachers' batch, one row per student at most
+    return rows * config.fleet.max_model_len
+
+
 def check_layout(model: ModelShape, config: SeedConfig, layout: ClusterLayout, nodes: int) -> None:
     """Raise `LayoutError` (one line) unless the layout runs on `nodes` nodes and fits memory."""
     parallel, engine_tp = config.parallel, config.fleet.engine_tp
@@ -326,6 +515,7 @@ def check_layout(model: ModelShape, config: SeedConfig, layout: ClusterLayout, n
             raise LayoutError(f"{model.hf_id}: {count} {name} are not divisible by {size}")
     if layout.on_gpu:
         _check_memory(model, config, layout, world // (tp * pp))
+        _check_host_memory(model, config, layout, nodes)
 
 
 def _check_memory(model: ModelShape, config: SeedConfig, layout: ClusterLayout, dp: int) -> None:
@@ -374,6 +564,39 @@ def _check_memory(model: ModelShape, config: SeedConfig, layout: ClusterLayout, 
             f"a fleet engine holds ~{weights:.0f} GiB of weights per GPU at TP={engine_tp}, "
             f"over half of {layout.gpu_memory_gib:.0f} GiB (no room for KV cache): raise engine TP"
         )
+
+
+def _check_host_memory(
+    model: ModelShape, config: SeedConfig, layout: ClusterLayout, nodes: int
+) -> None:
+    """`LayoutError` (one line) naming the peak phase and its three biggest terms when the
+    busiest node's host memory (`node_host_memory_gib`) exceeds its budget."""
+    phases = node_host_memory_gib(model, config, layout, nodes)
+    budget = layout.host_memory_gib * layout.host_memory_headroom
+    phase = max(HOST_PHASES, key=lambda p: phases[p]["total"])
+    need = phases[phase]["total"]
+    if need <= budget:
+        return
+    terms = sorted(((v, k) for k, v in phases[phase].items() if k != "total"), reverse=True)
+    biggest = ", ".join(f"{k} ~{v:.0f}" for v, k in terms[:3])
+    hints = dict.fromkeys(_HOST_HINTS[k] for _, k in terms[:2] if k in _HOST_HINTS)
+    raise LayoutError(
+        f"host memory: the {phase} phase needs ~{need:.0f} GiB on the node of trainer rank 0 "
+        f"({biggest}), over its budget of {budget:.0f} GiB ({layout.host_memory_headroom:.0%} "
+        f"of {layout.host_memory_gib:.0f}): {', '.join([*hints, ''])}or nodes with more host "
+        'RAM (cluster profile "host_memory_gib" or "node_type")'
+    )
+
+
+# What shrinks each host term on the busiest node (`node_host_memory_gib`'s formulas).
+_HOST_HINTS = {
+    "checkpoint_save": "fewer parameters per rank (a larger TP x PP or EP)",
+    "checkpoint_load": "fewer parameters per rank (a larger TP x PP or EP)",
+    "optimizer_offloaded": "more nodes (the optimizer state shards over DP)",
+    "engines_asleep": "a larger engine TP (fewer engines per node)",
+    "replay_copy": 'fleet.replay "disk"',
+    "routes": "a shorter fleet.max_model_len or fewer rollout.tasks_per_update",
+}
 
 
 def _in_gib(parts: dict[str, float]) -> dict[str, float]:

@@ -23,13 +23,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from launch.layout import ClusterLayout, LayoutError, check_layout
+from launch.layout import NODE_TYPES, ClusterLayout, LayoutError, check_layout
 from megatron_seed import recipes
 from megatron_seed.config import SeedConfig
 
 
 class PlanError(ValueError):
     """Bad launch input; one line, raised before anything is submitted."""
+
+
+# What a cluster profile (`seed launch --cluster-profile`) may say about its nodes, besides
+# its Slurm settings: a `launch.layout.NODE_TYPES` name and/or the host RAM in GiB.
+PROFILE_NODE_KEYS = ("node_type", "host_memory_gib")
 
 
 @dataclass(frozen=True)
@@ -106,12 +111,16 @@ def make_plan(
     engine_tp: int | None = None,
     config_json: str | None = None,
     colocate: bool = False,
+    node_type: str | None = None,
+    host_memory_gib: float | None = None,
 ) -> LaunchPlan:
     """Apply overrides to a recipe and validate the result (`PlanError` on bad input).
 
     `fleet_gpus` is the fleet's total over all nodes; it must split evenly across nodes, and
     each node's remaining GPUs go to the trainer. `colocate`: the engines share every GPU
     with the trainer (`fleet.colocate` with the "ipc" transport; also set by the config).
+    `node_type` (a `launch.layout.NODE_TYPES` name) sets the nodes' GPU and host memory,
+    `host_memory_gib` their host RAM (both from a cluster profile; default: the recipe's).
     """
     try:
         recipe = recipes.get(recipe_name)
@@ -139,7 +148,7 @@ def make_plan(
     if min(parallel.tp, parallel.pp) < 1:
         raise PlanError(f"TP and PP must be >= 1, got TP={parallel.tp} PP={parallel.pp}")
     base = recipe_layout(recipe)
-    layout = _layout(base, nodes, gpus_per_node, fleet_gpus)
+    layout = _on_nodes(_layout(base, nodes, gpus_per_node, fleet_gpus), node_type, host_memory_gib)
     if config.fleet.colocate:
         if fleet_gpus is not None:
             raise PlanError(
@@ -217,6 +226,29 @@ def _layout(
             fleet_gpus_per_node=per_node,
             trainer_ranks_per_node=layout.gpus_per_node - per_node,
         )
+    return layout
+
+
+def _on_nodes(
+    layout: ClusterLayout, node_type: str | None, host_memory_gib: float | None
+) -> ClusterLayout:
+    """The layout on the cluster's nodes: a node type's GPU and host memory, then an explicit
+    host RAM."""
+    if node_type is not None:
+        if not isinstance(node_type, str) or node_type not in NODE_TYPES:
+            raise PlanError(f"unknown node type {node_type!r}; known: {', '.join(NODE_TYPES)}")
+        node = NODE_TYPES[node_type]
+        if layout.gpus_per_node > node.gpus:
+            raise PlanError(
+                f"the layout uses {layout.gpus_per_node} GPUs per node, a {node_type} node "
+                f"has {node.gpus}"
+            )
+        layout = dataclasses.replace(layout, **node.layout_changes())
+    if host_memory_gib is not None:
+        number = isinstance(host_memory_gib, int | float) and not isinstance(host_memory_gib, bool)
+        if not number or host_memory_gib <= 0:
+            raise PlanError(f"host_memory_gib must be a number of GiB > 0, got {host_memory_gib!r}")
+        layout = dataclasses.replace(layout, host_memory_gib=float(host_memory_gib))
     return layout
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launch.plan import JobCommand, LaunchPlan
+from launch.plan import PROFILE_NODE_KEYS, JobCommand, LaunchPlan
 
 JOB_NAME = "train"
 
@@ -93,11 +93,12 @@ def job_env(opts: SlurmOptions) -> dict[str, str]:
 
 def read_profile(path: str) -> dict[str, Any]:
     """A cluster profile (JSON): defaults for `SlurmOptions` fields, e.g.
-    {"partition": "gpu", "nccl_socket_ifname": "ib0", "nccl_ib_hca": "mlx5"}."""
+    {"partition": "gpu", "nccl_socket_ifname": "ib0", "nccl_ib_hca": "mlx5"}, and what its
+    nodes are (`plan.PROFILE_NODE_KEYS`: {"node_type": "dgx-h200"}, {"host_memory_gib": 1024})."""
     import dataclasses
     import json
 
-    known = {f.name for f in dataclasses.fields(SlurmOptions)}
+    known = {f.name for f in dataclasses.fields(SlurmOptions)} | set(PROFILE_NODE_KEYS)
     try:
         profile = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:

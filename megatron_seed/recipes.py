@@ -343,9 +343,12 @@ def qwen2_5_32b() -> Recipe:
 # sit on the EP x TP x PP ranks that own it, sharded over DP only beyond EP (expert data
 # parallel = DP / EP), so these fit only where TP x PP x EP covers the trainer's GPUs (the
 # arithmetic: docs/launch.md). No reference model (beta_kl = 0, as the anchors run MoE RL):
-# a second copy of every expert would not fit beside them.
-H200 = {"gpu_memory_gib": 141.0, "gpus_per_node": 8, "colocated": True,
-        "trainer_ranks_per_node": 8, "fleet_gpus_per_node": 8}  # fmt: skip
+# a second copy of every expert would not fit beside them. A DGX H200 node
+# (`launch.layout.NODE_TYPES["dgx-h200"]`): 8 x 141 GiB of GPU memory and 2 TiB of host RAM,
+# which the busiest node's host memory must fit in every phase (`node_host_memory_gib`: at
+# 30B-A3B ~1.2 TiB and at 235B-A22B ~1.3 TiB while saving a checkpoint).
+H200 = {"gpu_memory_gib": 141.0, "host_memory_gib": 2048.0, "gpus_per_node": 8,
+        "colocated": True, "trainer_ranks_per_node": 8, "fleet_gpus_per_node": 8}  # fmt: skip
 
 
 def _moe(parallel: dict[str, int], engine_tp: int, engine_share: float) -> SeedConfig:

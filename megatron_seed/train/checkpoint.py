@@ -32,11 +32,19 @@ from megatron_seed.models.convert import save_hf_checkpoint
 from megatron_seed.train.trainer import SeedTrainer, TrainerState
 
 # How the distributed optimizer writes its state: per parameter, in the model's layout
-# (loadable into another TP/PP/DP layout, gathered on each DP group's first rank while
-# saving). megatron-core 0.16's default, "fully_sharded_model_space", makes flattened
-# ShardedTensors that its own checkpointing then refuses ("flattened_range is not
-# supported": the first GPU run's recipe mode). Other optimizers ignore it.
-OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable"}
+# (loadable into another TP/PP/EP/DP layout). megatron-core 0.16's default,
+# "fully_sharded_model_space", makes flattened ShardedTensors that its own checkpointing then
+# refuses ("flattened_range is not supported": the first GPU run's recipe mode).
+# "mem_efficient": on save, each DP group's state is gathered over gloo into its first
+# rank's host memory only; without it every rank all-gathers the whole group's state (NCCL,
+# then host: ~62 GB per rank at Qwen3-30B-A3B) although only the first rank's copy is
+# written (the others are not main replicas), so the files are the same. Loading ignores
+# the flag: every rank reads its model-parallel share's whole state into host memory, then
+# keeps its slice (`launch.layout.node_host_memory_gib`). Other optimizers ignore both keys.
+OPTIMIZER_FORMAT = {
+    "distrib_optim_sharding_type": "fully_reshardable",
+    "distrib_optim_fully_reshardable_mem_efficient": True,
+}
 
 
 def _rank() -> int:
