@@ -173,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         seeds = merged["seeds"] or args.merge
         summary = (merged["results"], merged["seconds"], merged["skills"])
         curves, settings, fixed = merged["curves"], merged["settings"], merged["fixed_curves"]
+        size = merged["size"] or size  # what the inputs ran (older ones do not say)
         return write_summary(
             out, *summary, args.env, size, seeds, curves, settings=settings, fixed=fixed
         )

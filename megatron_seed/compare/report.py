@@ -212,6 +212,8 @@ def difference_lines(results: dict[str, list[dict]], split: str) -> list[str]:
     distinguishable from noise, and such a line says whether a TOST bounds it within
     +-10 points (90 % interval)."""
     methods = list(results)
+    if not methods:
+        return []
     ref = "GRPO" if "GRPO" in methods else methods[-1]
     against_base = BASE in methods and ref != BASE
     pairs = [(m, ref) for m in methods if m != ref and not (against_base and m == BASE)]
@@ -431,7 +433,9 @@ def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
 
 def merge_summaries(paths: list[Path]) -> dict[str, Any]:
     """One summary from the compare.json of several comparisons: per method the runs of
-    every input, in input order (a method an input lacks has fewer runs); seeds likewise."""
+    every input, in input order (a method an input lacks has fewer runs); seeds likewise.
+    "size": the inputs' size (None if none records one); inputs of different sizes are
+    refused."""
     merged: dict[str, Any] = {
         "results": {}, "seconds": {}, "skills": {}, "curves": {}, "fixed_curves": {}, "seeds": [],
     }  # fmt: skip
@@ -444,6 +448,12 @@ def merge_summaries(paths: list[Path]) -> dict[str, Any]:
             for label, runs in summary.get(key, {}).items():
                 merged[key].setdefault(label, []).extend(runs)
         merged["seeds"].extend(summary.get("seeds", []))
+        size = summary.get("size")
+        if size is not None and merged.setdefault("size", size) != size:
+            raise CommandError(
+                f"{file}: a {size}-size comparison, the first input's {merged['size']}: merge "
+                "only comparisons of one size"
+            )
         settings = summary.get("settings", [])
         if assignments(merged.setdefault("settings", settings)) != assignments(settings):
             raise CommandError(
@@ -451,6 +461,7 @@ def merge_summaries(paths: list[Path]) -> dict[str, Any]:
                 f"{merged['settings'] or 'nothing'}: merge only comparisons of one config"
             )
     merged.setdefault("settings", [])
+    merged.setdefault("size", None)
     return merged
 
 
@@ -500,6 +511,7 @@ def write_summary(
     summary = {
         "results": results, "seconds": seconds, "skills": skills, "curves": curves or {},
         "seeds": seeds, "settings": list(settings or []), "fixed_curves": fixed or {},
+        "size": size,
     }  # fmt: skip
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n".join(lines))

@@ -268,3 +268,23 @@ def test_a_job_folder_refuses_another_config(tmp_path):
     hot = cfg.with_changes({"rollout": {"temperature": 0.5}})
     assert _games_key(games, 8, 4, cfg) != _games_key(games, 8, 4, hot)
     assert _games_key(games, 8, 4, cfg) == _games_key(games, 8, 4, other)  # same play
+
+
+def test_a_merged_comparison_names_the_size_its_inputs_ran(tmp_path, capsys):
+    """`seed compare --merge` titles the table with the size the inputs recorded (a merge of
+    quick runs was titled "full size", the command's default), and refuses mixed sizes."""
+    from megatron_seed.cli import main
+
+    for name, size, seed in (("q0", "quick", 0), ("q1", "quick", 1), ("f2", "full", 2)):
+        (tmp_path / name).mkdir()
+        summary = {"results": {}, "seeds": [seed], "settings": [], "size": size}
+        (tmp_path / name / "compare.json").write_text(json.dumps(summary))
+    merged = tmp_path / "merged"
+    assert main(["compare", "--merge", str(tmp_path / "q0"), str(tmp_path / "q1"),
+                 "--out", str(merged)]) == 0  # fmt: skip
+    assert "(quick size, seeds [0, 1])" in (merged / "compare.md").read_text()
+    assert json.loads((merged / "compare.json").read_text())["size"] == "quick"
+    capsys.readouterr()
+    assert main(["compare", "--merge", str(tmp_path / "q0"), str(tmp_path / "f2"),
+                 "--out", str(tmp_path / "mixed")]) == 2  # fmt: skip
+    assert "merge only comparisons of one size" in capsys.readouterr().err
