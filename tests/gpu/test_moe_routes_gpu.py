@@ -1,8 +1,9 @@
 """The engine's route read-back (`VLLMEngine.routes`) on a GPU engine, which runs with CUDA
-graphs: the gate hooks must see every token of a short sequence (one a captured graph would
-replay) and of a long one, and pick the experts transformers' routers pick (float32) on all
-but near ties (the engine computes in bfloat16). The CPU engine's exact check is in
-tests/distributed/test_fleet_moe.py."""
+graphs: the route record (`worker_extension.RouteBuffer`) must see every token of a short
+sequence (one a captured graph would replay) and of a long one, and pick the experts
+transformers' routers pick (float32) on all but near ties (the engine computes in bfloat16).
+The CPU engines' exact checks are in tests/distributed/test_fleet_moe.py (eager) and
+test_compiled_routes.py (compiled)."""
 
 from __future__ import annotations
 
