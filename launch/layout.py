@@ -321,9 +321,10 @@ def node_host_memory_gib(
 
     - engines_asleep (colocated; load, train): vLLM's level-1 sleep copies each worker's bf16
       weights into pinned host memory (the KV cache is dropped): F x 2P/t.
-    - optimizer_offloaded (colocated; rollout, sync, save): the trainer's fp32 master weights
-      and Adam m, v, in host memory while the engines have the GPUs
-      (`SeedTrainer.release_memory`): R x 12 N_opt.
+    - optimizer_offloaded (colocated; every phase after the first hand-over: rollout,
+      train, sync, save): the page-locked host buffers of the trainer's fp32 master weights
+      and Adam m, v, made at the first `SeedTrainer.release_memory` and reused by every later
+      one (`train.offload`), so they stay while the state is back on the GPU: R x 12 N_opt.
     - checkpoint_load (load): megatron-core's `fully_reshardable` load allocates, on every
       rank and whatever the save's flag, its model-parallel share's whole state (fp32 param,
       m, v) in host memory: R x 12 N (0 without the distributed optimizer: the state loads
@@ -380,7 +381,12 @@ def node_host_memory_gib(
             "checkpoint_load": r * 12 * (dense + experts) if dist_opt else 0.0,
         },
         "rollout": {"optimizer_offloaded": offloaded, "replay_copy": min(replay, store)},
-        "train": {"engines_asleep": asleep, "replay_copy": min(replay, store), "routes": routes},
+        "train": {
+            "engines_asleep": asleep,
+            "optimizer_offloaded": offloaded,
+            "replay_copy": min(replay, store),
+            "routes": routes,
+        },
         "sync": {
             "optimizer_offloaded": offloaded,
             "replay_copy": min(2 * replay, store),

@@ -64,6 +64,7 @@ from megatron_seed.models.logprobs import (
 )
 from megatron_seed.models.qwen import QwenSpec, build_gpt_model
 from megatron_seed.train.batch import PolicyBatch, select_rows
+from megatron_seed.train.offload import PinnedHostOffload
 from megatron_seed.train.schedule import lr_at
 
 
@@ -289,6 +290,7 @@ class SeedTrainer:
         self.state = TrainerState()
         self._metric_keys = _metric_keys(cfg)
         self._released = False  # optimizer state and grad buffers off the GPU
+        self._host = PinnedHostOffload()  # the optimizer state's host buffers while released
         self._fp8_warm: set[int] = set()  # models whose delayed FP8 scales have history
 
     @property
@@ -330,13 +332,14 @@ class SeedTrainer:
 
     def release_memory(self) -> None:
         """Give the GPU to engines that share it (colocated mode, while they generate): the
-        optimizer state (fp32 master weights, Adam moments) moves to host memory, the fp32
-        gradient buffers are freed, and the allocator's cached blocks (the last step's
-        activations) go back to the device (megatron-core's RL offload; GPU only). The
-        bf16 weights stay: the next sync reads them. `reclaim_memory` undoes it."""
+        optimizer state (fp32 master weights, Adam moments) moves to page-locked host
+        buffers kept for the next time (`train.offload`), the fp32 gradient buffers are
+        freed (megatron-core's RL offload), and the allocator's cached blocks (the last
+        step's activations) go back to the device (GPU only). The bf16 weights stay: the
+        next sync reads them. `reclaim_memory` undoes it."""
         if not torch.cuda.is_available() or self._released:
             return
-        self.optimizer.offload_to_cpu()
+        self._host.release(self.optimizer, "cuda")  # page-locked, reused (`train.offload`)
         self.model.offload_grad_buffers()
         torch.cuda.empty_cache()
         self._released = True
@@ -345,7 +348,7 @@ class SeedTrainer:
         """Optimizer state and gradient buffers back on the GPU before training."""
         if not self._released:
             return
-        self.optimizer.restore_from_cpu()
+        self._host.reclaim(self.optimizer, torch.device("cuda", torch.cuda.current_device()))
         self.model.restore_grad_buffers()
         self._released = False
 

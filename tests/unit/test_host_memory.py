@@ -83,7 +83,7 @@ def test_every_host_term_of_a_made_up_shape_against_hand_arithmetic() -> None:
     where = {
         "load": {"engines_asleep", "checkpoint_load"},
         "rollout": {"optimizer_offloaded", "replay_copy"},
-        "train": {"engines_asleep", "replay_copy", "routes"},
+        "train": {"engines_asleep", "optimizer_offloaded", "replay_copy", "routes"},
         "sync": {"optimizer_offloaded", "replay_copy", "routes"},
         "save": {"optimizer_offloaded", "checkpoint_save", "replay_copy"},
     }
@@ -180,7 +180,10 @@ def test_moe_recipes_host_memory_is_the_docstring_formulas(
     want = {
         "load": 8 * 2 * params / t + 8 * 12 * n,
         "rollout": 8 * 12 * params / (tp * pp * dp) + min(2 * params, store),
-        "train": 8 * 2 * params / t + min(2 * params, store) + routes,
+        "train": 8 * 2 * params / t
+        + 8 * 12 * params / (tp * pp * dp)
+        + min(2 * params, store)
+        + routes,
         "sync": 8 * 12 * params / (tp * pp * dp) + min(4 * params, store) + routes,
         "save": 8 * 12 * params / (tp * pp * dp) + 2 * gathered + min(2 * params, store),
     }
