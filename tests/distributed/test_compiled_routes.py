@@ -12,12 +12,10 @@ is most of the test's ~50 CPU-seconds (2-6 min of wall time on a busy 2-core mac
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
+
+from tests.distributed.child import run_json_worker
 
 WORKER = "tests.distributed.routes_worker"
 
@@ -34,13 +32,7 @@ def test_a_compiled_engine_reports_the_routes_transformers_picks(tmp_path, tiny_
     g = torch.Generator().manual_seed(0)
     sequences = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (7, 40)]
     request = {"model": str(model), "ids": sequences, "step_tokens": 16}
-    (tmp_path / "request.json").write_text(json.dumps(request))
-    proc = subprocess.run(
-        [sys.executable, "-m", WORKER, str(tmp_path / "request.json")],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])["routes"]
+    got = run_json_worker(WORKER, request, tmp_path, timeout=900)["routes"]
 
     hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
     for ids, routes in zip(sequences, got, strict=True):

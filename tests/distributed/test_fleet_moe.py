@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from tests.distributed.child import run_json_worker
 
 WORKER = "tests.distributed.moe_engine_worker"
 
@@ -60,13 +60,7 @@ def test_synced_moe_weights_score_as_transformers_scores_them(versions, tmp_path
     ]
     request = {"served": str(versions[0]), "ids": ids.tolist(), "bucket_bytes": 1 << 14,
                "plan": [(label, str(versions[v]), path, on) for label, v, path, on in plan]}  # fmt: skip
-    (tmp_path / "request.json").write_text(json.dumps(request))
-    proc = subprocess.run(
-        [sys.executable, "-m", WORKER, str(tmp_path / "request.json")],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = run_json_worker(WORKER, request, tmp_path, timeout=600)
     layers = json.loads((versions[0] / "config.json").read_text())["num_hidden_layers"]
     # the buckets were small: each layer's 8 experts x gate/up/down travelled in one bucket,
     # on each of the three transfers
