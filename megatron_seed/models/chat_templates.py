@@ -1,4 +1,5 @@
-"""The chat templates of the Qwen families, verbatim, for `seed init-model` checkpoints.
+"""The chat templates of the Qwen families (and SmolLM2's), verbatim, for `seed init-model`
+checkpoints.
 
 Each is the `chat_template` of the family's instruct checkpoints on the Hugging Face hub
 (`tokenizer_config.json`), as vendored by llama.cpp for its template tests:
@@ -164,9 +165,27 @@ QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}
     {%- endif %}
 {%- endif %}"""
 
+# SmolLM2-Instruct's template (ChatML with a default system message), verbatim from the
+# `tokenizer.chat_template` of the SmolLM2-135M-Instruct GGUF that tools/fetch_smollm2.sh fetches
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Plain ChatML, no default system message (random Llama-3.1-shaped checkpoints)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 CHAT_TEMPLATES: dict[str, str] = {
     "qwen2": QWEN2_5_CHAT_TEMPLATE,
     "qwen3": QWEN3_CHAT_TEMPLATE,
     "qwen3_moe": QWEN3_CHAT_TEMPLATE,  # Qwen3-MoE checkpoints ship Qwen3's template
+    "smollm2": SMOLLM2_TEMPLATE,
+    "llama3-chatml": CHATML_TEMPLATE,
 }
 """By HF `model_type`."""

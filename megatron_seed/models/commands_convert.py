@@ -3,6 +3,7 @@
   seed convert hf-to-megatron --hf DIR --out DIR [--tp T --pp P --ep E]
   seed convert megatron-to-hf --megatron DIR --out DIR [--tp T --pp P --ep E]
   seed convert hf-to-hf --hf DIR --out DIR [--tp T --pp P --ep E]   (round trip via Megatron)
+  seed convert gguf-to-hf --gguf FILE --out DIR   (dequantized to float32: `gguf_import`)
 
 The Megatron side is a dist-checkpoint (`megatron.core.dist_checkpointing`), loadable into
 any TP x PP (x EP for mixture-of-experts models) layout; the folder also keeps the HF
@@ -23,11 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Command-line flags."""
     parser.add_argument(
         "direction",
-        choices=["hf-to-megatron", "megatron-to-hf", "hf-to-hf"],
+        choices=["hf-to-megatron", "megatron-to-hf", "hf-to-hf", "gguf-to-hf"],
         help="which way to convert",
     )
     parser.add_argument("--hf", help="HF checkpoint folder (input)")
     parser.add_argument("--megatron", help="Megatron checkpoint folder (input)")
+    parser.add_argument("--gguf", help="GGUF file (input of gguf-to-hf)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--tp", type=positive, default=1, help="tensor-parallel size")
     parser.add_argument("--pp", type=positive, default=1, help="pipeline-parallel size")
@@ -77,9 +79,11 @@ def _convert_worker(direction: str, src: str, out: str, tp: int, pp: int, ep: in
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the inputs, then convert in TP x PP x EP processes."""
+    """Validate the inputs, then convert in TP x PP x EP processes (a GGUF file in this one)."""
     from megatron_seed.models.parallel import spawn
 
+    if args.direction == "gguf-to-hf":
+        return _gguf_to_hf(args)
     if args.direction in ("hf-to-megatron", "hf-to-hf"):
         if not args.hf:
             raise CommandError(f"{args.direction} needs --hf DIR")
@@ -94,5 +98,20 @@ def run(args: argparse.Namespace) -> int:
     out = str(output_dir(args.out))
     world = args.tp * args.pp * args.ep
     spawn(_convert_worker, world, args.direction, src, out, args.tp, args.pp, args.ep)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _gguf_to_hf(args: argparse.Namespace) -> int:
+    """`seed convert gguf-to-hf`: check the file (one-line refusals), then import it."""
+    from megatron_seed.models.gguf_import import GGUFError, gguf_to_hf
+
+    if not args.gguf:
+        raise CommandError("gguf-to-hf needs --gguf FILE")
+    out = output_dir(args.out)
+    try:
+        gguf_to_hf(args.gguf, out, log=print)  # checks the file before writing anything
+    except GGUFError as err:
+        raise CommandError(str(err)) from None
     print(f"wrote {args.out}")
     return 0

@@ -1,8 +1,9 @@
 """`seed init-model --shape NAME --out DIR [--seed S] [--layers L] [--experts E] [--dtype D]`.
 
-Writes a random-weight HF checkpoint of a real Qwen shape with a Qwen-format tokenizer and
-the family's chat template (`megatron_seed.models.init_model`), e.g. for CPU runs of the
-real widths and vocabulary: `seed init-model --shape qwen2.5-0.5b --layers 2 --out m`.
+Writes a random-weight HF checkpoint of a real Qwen or Llama shape with a Qwen-format
+tokenizer laid out as the shape's vocabulary and the family's chat template
+(`megatron_seed.models.init_model`), e.g. for CPU runs of the real widths and vocabulary:
+`seed init-model --shape qwen2.5-0.5b --layers 2 --out m`, `--shape smollm2-135m`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ _SIZES = (
 
 
 def init_shapes() -> dict[str, ModelShape]:
-    """The shapes `--shape` accepts: the real Qwen ones of the recipes' table."""
-    return {name: s for name, s in SHAPES.items() if s.hf_id.startswith("Qwen/")}
+    """The shapes `--shape` accepts: the published ones of the recipes' table (a hub id,
+    "org/name"; the tiny test shapes are not)."""
+    return {name: s for name, s in SHAPES.items() if "/" in s.hf_id}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""Exact Hugging Face <-> Megatron weight mapping for the Qwen family, for any TP x PP layout.
+"""Exact Hugging Face <-> Megatron weight mapping for the Qwen and Llama families, for any
+TP x PP (x EP) layout. Llama's HF names are Qwen2's, without the q/k/v biases.
 
 Megatron layout (local spec; TE spec names in brackets):
   embedding.word_embeddings.weight          [V/tp, h]       <- model.embed_tokens (rows split)

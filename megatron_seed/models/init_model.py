@@ -1,19 +1,20 @@
-"""Random-weight HF checkpoints of real Qwen shapes, for CPU runs at the true sizes.
+"""Random-weight HF checkpoints of real Qwen and Llama shapes, for CPU runs at the true sizes.
 
 `write_checkpoint(SHAPES["qwen2.5-0.5b"], out, seed=0, layers=2)` writes what a downloaded
 Qwen checkpoint folder holds, with random weights (`SHAPES`: the table of
 `megatron_seed.recipes`, which `seed init-model --shape NAME` reads; this module takes the
 `ModelShape` itself and imports no recipe):
 
-- config.json in the published format (`model_type` qwen2, qwen3 or qwen3_moe, the shape's
-  numbers, `vocab_size` 151936 / 152064 as published), `layers` overriding only
+- config.json in the published format (`model_type` qwen2, qwen3, qwen3_moe or llama, the
+  shape's numbers, `vocab_size` 151936 / 152064 / 49152 / 128256 as published; Llama 3.1's
+  "llama3" `rope_scaling`), `layers` overriding only
   `num_hidden_layers` (depth; everything else keeps the real width) and, for an MoE shape,
   `experts` only `num_experts` (fewer experts of the real width; top-k kept);
 - safetensors shards (`model.safetensors`, or `model-0000k-of-0000n.safetensors` plus
   `model.safetensors.index.json` past `MAX_SHARD_BYTES`), tensor names and shapes taken
   from transformers' own model class (built on the meta device, so nothing is allocated);
-- the Qwen-format tokenizer and the family's chat template
-  (`megatron_seed.models.qwen_tokenizer`).
+- the Qwen-format tokenizer laid out as the shape's vocabulary, and the family's chat
+  template (`megatron_seed.models.qwen_tokenizer`).
 
 Weights: every tensor is drawn from its own generator, seeded from (seed, tensor name), so
 a checkpoint is reproducible from `seed` whatever the layer count or shard layout (layer 0
@@ -41,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from megatron_seed.models.qwen import LLAMA3_ROPE_FIXED
+
 if TYPE_CHECKING:
     from megatron_seed.recipes import ModelShape
 
@@ -48,6 +51,7 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "llama": "LlamaForCausalLM",
 }
 MAX_SHARD_BYTES = 2 << 30
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -56,17 +60,20 @@ PERTURB_STD = 0.1  # norms (around 1) and biases (around 0)
 
 
 def hf_config(shape: ModelShape, layers: int, dtype: str = "float32") -> dict[str, Any]:
-    """config.json of `shape` at depth `layers`, in the published Qwen format."""
+    """config.json of `shape` at depth `layers`, in the published Qwen or Llama format."""
     import transformers
 
-    qwen3 = shape.qk_norm
-    if not qwen3 and shape.head_dim * shape.heads != shape.hidden:
+    from megatron_seed.models.qwen_tokenizer import LAYOUTS
+
+    if shape.model_type == "qwen2" and shape.head_dim * shape.heads != shape.hidden:
         raise ValueError(f"{shape.hf_id}: Qwen2 needs head_dim = hidden / heads")
+    layout = LAYOUTS[tokenizer_layout(shape)]
+    ids = {token: layout.first_added_id + i for i, (token, _) in enumerate(layout.added)}
     cfg: dict[str, Any] = {
         "architectures": [ARCHITECTURES[shape.model_type]],
         "attention_dropout": 0.0,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
         "hidden_act": "silu",
         "hidden_size": shape.hidden,
         "initializer_range": INIT_STD,
@@ -79,16 +86,24 @@ def hf_config(shape: ModelShape, layers: int, dtype: str = "float32") -> dict[st
         "rms_norm_eps": shape.rms_norm_eps,
         "rope_scaling": None,
         "rope_theta": shape.rope_theta,
-        "sliding_window": None,
         "tie_word_embeddings": shape.tied_embeddings,
         "torch_dtype": dtype,
         # without it transformers 5 suspects a Mistral tokenizer regex and warns on load
         "transformers_version": transformers.__version__,
         "use_cache": True,
-        "use_sliding_window": False,
         "vocab_size": shape.vocab,
     }
-    if qwen3:
+    if shape.family == "llama":  # meta-llama/Llama-3.1-8B's and SmolLM2's keys
+        cfg.update(attention_bias=False, head_dim=shape.head_dim, mlp_bias=False, pretraining_tp=1)
+        if shape.rope_scaling_factor:
+            cfg["rope_scaling"] = {
+                "rope_type": "llama3",
+                "factor": shape.rope_scaling_factor,
+                **LLAMA3_ROPE_FIXED,
+            }
+        return dict(sorted(cfg.items()))
+    cfg.update(sliding_window=None, use_sliding_window=False)
+    if shape.qk_norm:
         cfg.update(attention_bias=False, head_dim=shape.head_dim)
     if shape.experts:  # Qwen3-30B-A3B's keys: every layer sparse, no auxiliary router output
         cfg.update(
@@ -102,6 +117,11 @@ def hf_config(shape: ModelShape, layers: int, dtype: str = "float32") -> dict[st
             router_aux_loss_coef=0.001,
         )
     return dict(sorted(cfg.items()))
+
+
+def tokenizer_layout(shape: ModelShape) -> str:
+    """The `qwen_tokenizer.LAYOUTS` entry of `shape`'s tokenizer."""
+    return shape.tokenizer or shape.model_type
 
 
 def tensor_specs(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
@@ -187,13 +207,15 @@ def with_experts(shape: ModelShape, experts: int | None) -> ModelShape:
 
 def check_request(shape: ModelShape, out: str | Path, layers: int | None, dtype: str) -> None:
     """Validate a request before any work: ValueError (one line) for a vocabulary too small
-    for Qwen's special ids, a layer count outside 1..the shape's depth, an unknown dtype, or
+    for its tokenizer's special ids, a layer count outside 1..the shape's depth, an unknown dtype, or
     an --out that is not empty."""
-    from megatron_seed.models.qwen_tokenizer import ADDED_TOKENS, FIRST_ADDED_ID
+    from megatron_seed.models.qwen_tokenizer import LAYOUTS
 
-    need = FIRST_ADDED_ID + len(ADDED_TOKENS[shape.model_type])
+    need = LAYOUTS[tokenizer_layout(shape)].total
     if shape.vocab < need:
-        raise ValueError(f"{shape.hf_id}: vocab {shape.vocab} cannot hold Qwen's ids (< {need})")
+        raise ValueError(
+            f"{shape.hf_id}: vocab {shape.vocab} cannot hold its tokenizer's ids (< {need})"
+        )
     if layers is not None and not 1 <= layers <= shape.layers:
         raise ValueError(f"--layers must be in 1..{shape.layers} for {shape.hf_id}, got {layers}")
     if dtype not in DTYPES:
@@ -227,7 +249,7 @@ def write_checkpoint(
     shards = _shards(tensor_specs(config), torch.empty((), dtype=torch_dtype).element_size())
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_qwen_tokenizer(shape.model_type, shape.max_position)
+    tokenizer = build_qwen_tokenizer(tokenizer_layout(shape), shape.max_position)
     save_qwen_tokenizer(tokenizer, path)
     index: dict[str, str] = {}
     total = 0

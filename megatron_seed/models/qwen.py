@@ -1,11 +1,16 @@
 """Megatron-core `GPTModel`s of the Qwen family (Qwen2, Qwen2.5, Qwen3 dense and Qwen3
-mixture-of-experts), built from a Hugging Face `config.json`.
+mixture-of-experts) and the Llama family (Llama 2/3.x, SmolLM2), built from a Hugging Face
+`config.json`.
 
-`QwenSpec` reads and validates the HF config (fail loud: unknown architectures, rope scaling
-we do not implement, TP/EP that does not divide heads/groups/vocab/experts). `build_gpt_model`
-builds the local stage of the model for the current Megatron process groups: the local layer
-spec on CPU (float32, see `compat.py`; experts as a `SequentialMLP`), the Transformer Engine
-spec on GPUs (bf16, optional FP8; experts as TE's grouped GEMM), with TE imported only there.
+The families are one architecture (pre-norm RMSNorm decoder, GQA, RoPE, SwiGLU MLP, tied or
+untied embeddings); `FAMILIES` writes down where they differ: q/k/v biases (Qwen2), per-head
+q/k norms (Qwen3), experts (Qwen3-MoE), the RoPE scalings a family's configs use (Llama 3.1's
+"llama3"). `QwenSpec` (the name predates Llama) reads and validates any of them (fail loud:
+unknown architectures, rope scaling we do not implement, TP/EP that does not divide
+heads/groups/vocab/experts). `build_gpt_model` builds the local stage of the model for the
+current Megatron process groups: the local layer spec on CPU (float32, see `compat.py`;
+experts as a `SequentialMLP`), the Transformer Engine spec on GPUs (bf16, optional FP8;
+experts as TE's grouped GEMM), with TE imported only there.
 
 Qwen3-MoE in Megatron's terms: each sparse layer's MLP is a `MoELayer` whose router
 (`mlp.router.weight` [E, h], HF `mlp.gate.weight`) scores every expert, picks the top k, and
@@ -26,16 +31,42 @@ import torch
 
 from megatron_seed.recipes import param_count
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe")
-
 
 class ModelConfigError(ValueError):
     """A checkpoint or config that megatron-seed cannot build a model from."""
 
 
 @dataclass(frozen=True)
+class Family:
+    """What one HF `model_type` adds to the shared decoder (everything else is common)."""
+
+    qkv_bias: bool  # biases on q/k/v only (Qwen2); a config's `attention_bias` is refused
+    qk_norm: bool  # RMSNorm over each head's q and k (Qwen3)
+    moe: bool = False  # experts (Qwen3-MoE)
+    rope_types: tuple[str, ...] = ("default",)  # RoPE scalings its configs may carry
+
+
+FAMILIES: dict[str, Family] = {
+    "qwen2": Family(qkv_bias=True, qk_norm=False),
+    "qwen3": Family(qkv_bias=False, qk_norm=True),
+    "qwen3_moe": Family(qkv_bias=False, qk_norm=True, moe=True),
+    "llama": Family(qkv_bias=False, qk_norm=False, rope_types=("default", "llama3")),
+}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+# Llama 3.x's "llama3" RoPE scaling: megatron-core 0.16.1 (`RotaryEmbedding._apply_scaling`)
+# takes the factor and fixes the other three at Llama 3.1's published values, which every
+# Llama 3.1/3.2/3.3 config.json uses; a config with others is refused.
+LLAMA3_ROPE_FIXED = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+@dataclass(frozen=True)
 class QwenSpec:
-    """The architecture facts of a Qwen2/2.5/3 checkpoint, dense or mixture-of-experts."""
+    """The architecture facts of a Qwen2/2.5/3 (dense or mixture-of-experts) or Llama
+    checkpoint."""
 
     model_type: str
     vocab_size: int
@@ -57,6 +88,8 @@ class QwenSpec:
     moe_ffn: int = 0  # each expert's intermediate size
     norm_topk_prob: bool = True  # the chosen experts' weights renormalised to sum to 1
     sparse_layers: tuple[bool, ...] = ()  # per layer: MoE (True) or dense MLP
+    # Llama 3.x's "llama3" RoPE scaling factor (`LLAMA3_ROPE_FIXED` the rest); 0: none
+    rope_scaling_factor: float = 0.0
 
     @property
     def is_moe(self) -> bool:
@@ -65,33 +98,26 @@ class QwenSpec:
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> QwenSpec:
-        """Validate a HF config dict of the Qwen family."""
+        """Validate a HF config dict of a supported family (`FAMILIES`)."""
         model_type = cfg.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if model_type not in FAMILIES:
             archs = cfg.get("architectures")
             raise ModelConfigError(
                 f"unsupported architecture model_type={model_type!r} architectures={archs}; "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        family = FAMILIES[model_type]
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
             if key not in cfg:
                 raise ModelConfigError(f"config.json lacks {key!r}")
         experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
-        if experts and model_type != "qwen3_moe":
+        if experts and not family.moe:
             raise ModelConfigError(
                 f"model_type {model_type!r} has no experts, config says {experts}"
             )
-        if cfg.get("use_sliding_window"):
-            raise ModelConfigError("sliding-window attention is not supported")
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in (None, "default"):
-            raise ModelConfigError(f"rope scaling {rope_type!r} is not supported")
-        rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        _check_common(cfg, family)
         heads = cfg.get("num_attention_heads")
         hidden = cfg["hidden_size"]
-        head_dim = cfg.get("head_dim") or hidden // heads
-        is_qwen3 = model_type in ("qwen3", "qwen3_moe")
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
@@ -100,14 +126,14 @@ class QwenSpec:
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=head_dim,
+            head_dim=cfg.get("head_dim") or hidden // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=cfg.get("max_position_embeddings", 32768),
-            qkv_bias=bool(cfg.get("attention_bias", False)) if is_qwen3 else True,
-            qk_norm=is_qwen3,
-            **(_moe_fields(cfg, experts) if model_type == "qwen3_moe" else {}),
+            qkv_bias=family.qkv_bias,
+            qk_norm=family.qk_norm,
+            **_rope_fields(cfg, family),
+            **(_moe_fields(cfg, experts) if family.moe else {}),
         )
 
     @classmethod
@@ -170,6 +196,48 @@ class QwenSpec:
         return (
             self.num_params - sum(self.sparse_layers) * idle * 3 * self.hidden_size * self.moe_ffn
         )
+
+
+def _check_common(cfg: dict[str, Any], family: Family) -> None:
+    """Refuse, in one line, what no family's Megatron model here has: sliding windows, biases
+    on the attention output or the MLP, an activation other than SiLU."""
+    if cfg.get("use_sliding_window"):
+        raise ModelConfigError("sliding-window attention is not supported")
+    if cfg.get("attention_bias") and not family.qkv_bias:
+        raise ModelConfigError(
+            f"{cfg['model_type']} with attention_bias=True (biases on q/k/v and o_proj) is not "
+            "supported"
+        )
+    if cfg.get("mlp_bias"):
+        raise ModelConfigError("mlp_bias=True (biases on the MLP) is not supported")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelConfigError(f"hidden_act {act!r} is not supported (SwiGLU: silu)")
+
+
+def _rope_fields(cfg: dict[str, Any], family: Family) -> dict[str, Any]:
+    """`rope_theta` and `rope_scaling_factor` from a config (transformers 5 writes
+    `rope_parameters`, earlier releases `rope_theta` and `rope_scaling`)."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type")) or "default"
+    if rope_type not in family.rope_types:
+        raise ModelConfigError(
+            f"rope scaling {rope_type!r} is not supported for {cfg['model_type']} "
+            f"(supported: {', '.join(family.rope_types)})"
+        )
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return {"rope_theta": theta}
+    for key, fixed in LLAMA3_ROPE_FIXED.items():
+        if float(rope.get(key, fixed)) != fixed:
+            raise ModelConfigError(
+                f"llama3 rope scaling with {key}={rope[key]} is not supported "
+                f"(megatron-core fixes it at {fixed})"
+            )
+    factor = float(rope.get("factor", 0.0))
+    if factor <= 1.0:
+        raise ModelConfigError(f"llama3 rope scaling needs a factor > 1, got {factor}")
+    return {"rope_theta": theta, "rope_scaling_factor": factor}
 
 
 def _moe_fields(cfg: dict[str, Any], experts: int) -> dict[str, Any]:
@@ -505,7 +573,7 @@ def build_gpt_model(
         parallel_output=True,
         share_embeddings_and_output_weights=spec.tie_word_embeddings,
         position_embedding_type="rope",
-        rotary_base=int(spec.rope_theta),
+        **rope_kwargs(spec),
     )
     model.logit_chunk_tokens = logit_chunk_tokens
     cast_torch_norms(model, config.params_dtype)
@@ -514,6 +582,16 @@ def build_gpt_model(
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def rope_kwargs(spec: QwenSpec) -> dict[str, Any]:
+    """megatron-core's RoPE arguments (`GPTModel`, `RotaryEmbedding`) for `spec`: its base
+    and, for Llama 3.x, the "llama3" frequency scaling (`LLAMA3_ROPE_FIXED`)."""
+    return {
+        "rotary_base": int(spec.rope_theta),
+        "rope_scaling": spec.rope_scaling_factor > 0,
+        "rope_scaling_factor": spec.rope_scaling_factor or 8.0,
+    }
 
 
 def cast_torch_norms(model: Any, dtype: torch.dtype) -> None:

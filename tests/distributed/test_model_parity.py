@@ -1,7 +1,8 @@
 """Megatron vs transformers: per-token log-probs and HF->Megatron->HF round trips, for
-tiny Qwen2 (tied and untied; 6 heads / 2 groups) and Qwen3 (head_dim != hidden/heads)
-models at TP=1, TP=2, PP=2 and TP=2 x PP=2 (gloo, 1-4 CPU processes); and `seed check-parity`
-on `seed init-model` checkpoints of real Qwen2.5 / Qwen3 shapes at the real vocabulary."""
+tiny Qwen2 (tied and untied; 6 heads / 2 groups), Qwen3 (head_dim != hidden/heads) and Llama
+(tied, "llama3" RoPE scaling; an untied one from GGUF: test_gguf_import.py) models at TP=1,
+TP=2, PP=2 and TP=2 x PP=2 (gloo, 1-4 CPU processes); and `seed check-parity` on
+`seed init-model` checkpoints of real Qwen2.5 / Qwen3 shapes at the real vocabulary."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ MODELS = {
     "qwen2-untied": dict(model_type="qwen2", tie_word_embeddings=False),
     "qwen2-tied": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3"),
+    "llama": dict(model_type="llama"),  # tied, Llama 3.1's RoPE scaling (models.tiny)
 }
 
 

@@ -47,6 +47,8 @@ IMAGE = "registry.example/seed:gpu"
         ("qwen2.5-14b", 14.77),
         ("qwen2.5-32b", 32.76),
         ("qwen2.5-72b", 72.71),
+        ("llama-3.1-8b", 8.03),
+        ("llama-3.1-70b", 70.55),
     ],
 )
 def test_model_shapes_match_published_sizes(name: str, published_billions: float) -> None:
@@ -64,6 +66,8 @@ def test_model_shapes_match_published_sizes(name: str, published_billions: float
         ("qwen2.5-14b", 2),
         ("qwen2.5-32b", 4),
         ("qwen2.5-72b", 8),
+        ("llama-3.1-8b", 1),
+        ("llama-3.1-70b", 8),
     ],
 )
 def test_recipe_min_nodes_and_fit_on_80gb(name: str, nodes: int) -> None:
@@ -209,6 +213,28 @@ def test_moe_recipes_render_on_their_nodes_and_not_on_fewer(
     small = dataclasses.replace(recipe_layout(recipe), gpu_memory_gib=80.0)
     with pytest.raises(LayoutError, match="GiB"):
         check_layout(recipe.model, recipe.config, small, nodes)
+
+
+@pytest.mark.parametrize(("name", "nodes", "line", "refused", "why"), [
+    ("llama-3.1-8b", 1, "TP=2 PP=1 DP=2 (4 ranks); fleet 4 GPU(s), engine TP=1",
+     ["--tp", "1"], "needs ~90 GiB per GPU at TP=1 PP=1 DP=4 (budget 72 GiB)"),
+    ("llama-3.1-70b", 8, "TP=4 PP=4 DP=2 (32 ranks); fleet 32 GPU(s), engine TP=4",
+     ["--nodes", "4"], "needs ~89 GiB per GPU at TP=4 PP=4 DP=1 (budget 72 GiB)"),
+])  # fmt: skip
+def test_llama_recipes_render_with_their_memory_and_refuse_what_does_not_fit(
+    name, nodes, line, refused, why, capsys
+) -> None:
+    """`seed launch NAME --dryrun` renders the Llama 3.1 recipes with the memory breakdown;
+    a layout that does not fit is refused in one line, before any script."""
+    argv = ["launch", name, "--executor", "slurm", "--nodes", str(nodes), "--dryrun"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert line in captured.out + captured.err and "optimizer_fp32" in captured.out + captured.err
+    assert f"-m megatron_seed.cli train --recipe {name}" in captured.out
+    bad = ["launch", name, "--executor", "slurm", *refused, "--dryrun"]
+    assert cli.main(bad) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and why in err, err
 
 
 def test_ep_must_divide_dp_and_the_experts() -> None:

@@ -1,4 +1,5 @@
-"""QwenSpec validation, QKV interleaving and the bad-input paths of `seed convert` /
+"""QwenSpec validation (Qwen and Llama configs, Llama 3.1's RoPE scaling against
+transformers'), QKV interleaving and the bad-input paths of `seed convert` /
 `seed check-parity` (each exits 2 with a one-line reason)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 from megatron_seed.models.convert import interleave_qkv, split_qkv
 from megatron_seed.models.qwen import ModelConfigError, QwenSpec
-from megatron_seed.models.tiny import TINY_QWEN2, make_tiny_qwen
+from megatron_seed.models.tiny import TINY_LLAMA, TINY_QWEN2, make_tiny_qwen
 
 
 def _spec(**kw):
@@ -33,7 +34,7 @@ def test_rope_theta_read_from_rope_parameters():
 @pytest.mark.parametrize(
     "kw,msg",
     [
-        (dict(model_type="llama"), "unsupported architecture"),
+        (dict(model_type="mistral"), "unsupported architecture"),
         (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope scaling"),
         (dict(num_experts=8), "model_type .qwen2. has no experts"),
     ],
@@ -41,6 +42,63 @@ def test_rope_theta_read_from_rope_parameters():
 def test_unsupported_configs_fail_loud(kw, msg):
     with pytest.raises(ModelConfigError, match=msg):
         _spec(**kw)
+
+
+def _llama(**kw):
+    return QwenSpec.from_hf_config({**TINY_LLAMA, **kw})
+
+
+def test_llama_spec_is_qwen2_without_biases_with_llama3_rope():
+    spec = _llama()
+    assert spec.model_type == "llama" and not spec.qkv_bias and not spec.qk_norm
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim) == (4, 2, 32)
+    assert spec.tie_word_embeddings and spec.rms_norm_eps == 1e-5
+    assert (spec.rope_theta, spec.rope_scaling_factor) == (500000.0, 8.0)
+    # transformers < 5 wrote rope_theta and rope_scaling at the top level
+    legacy = {k: v for k, v in TINY_LLAMA.items() if k != "rope_parameters"}
+    rope = {k: v for k, v in TINY_LLAMA["rope_parameters"].items() if k != "rope_theta"}
+    old = QwenSpec.from_hf_config({**legacy, "rope_theta": 5e5, "rope_scaling": rope})
+    assert (old.rope_theta, old.rope_scaling_factor) == (5e5, 8.0)
+    plain = _llama(rope_parameters={"rope_type": "default", "rope_theta": 1e5})
+    assert (plain.rope_theta, plain.rope_scaling_factor) == (1e5, 0.0)
+    assert not _llama(tie_word_embeddings=False).tie_word_embeddings
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(attention_bias=True), r"llama with attention_bias=True .* is not supported"),
+        (dict(mlp_bias=True), "mlp_bias=True"),
+        (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+        (
+            dict(rope_parameters={**TINY_LLAMA["rope_parameters"], "low_freq_factor": 2.0}),
+            "low_freq_factor=2.0 is not supported",
+        ),
+        (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), "'yarn' is not supported"),
+    ],
+)
+def test_llama_configs_we_cannot_build_fail_loud(kw, msg):
+    with pytest.raises(ModelConfigError, match=msg) as info:
+        _llama(**kw)
+    assert "\n" not in str(info.value)
+
+
+def test_llama3_rope_frequencies_equal_transformers():
+    """The inverse frequencies megatron-core's RoPE gets from `rope_kwargs` are
+    transformers' "llama3" ones (the log-prob parity of a short sequence barely sees the
+    scaling: only the lowest frequencies change)."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from megatron_seed.models.qwen import rope_kwargs
+
+    spec = _llama()
+    ours = RotaryEmbedding(spec.head_dim, 1.0, use_cpu_initialization=True, **rope_kwargs(spec))
+    theirs = LlamaRotaryEmbedding(AutoConfig.for_model(**TINY_LLAMA)).inv_freq
+    plain = RotaryEmbedding(spec.head_dim, 1.0, use_cpu_initialization=True, rotary_base=500000)
+    assert not torch.allclose(plain.inv_freq, theirs)  # the scaling changes them
+    torch.testing.assert_close(ours.inv_freq, theirs, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize(

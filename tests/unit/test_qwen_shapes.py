@@ -1,12 +1,14 @@
-"""Real Qwen shapes on the CPU: `seed init-model` checkpoints (published config numbers,
-reproducible random weights, a tokenizer with Qwen's special tokens at their real ids and the
-family's chat template) and `ChatBuilder` against the Qwen2.5 and Qwen3 templates."""
+"""Real Qwen and Llama shapes on the CPU: `seed init-model` checkpoints (published config
+numbers, reproducible random weights, a tokenizer with the family's special tokens at their
+real ids and its chat template) and `ChatBuilder` against the Qwen2.5, Qwen3 and SmolLM2
+templates."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from megatron_seed import cli, recipes
 from megatron_seed.data import (
@@ -167,6 +169,49 @@ def test_new_shapes_match_published_sizes(name: str, billions: float) -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "billions"),
+    [("smollm2-135m", 0.1345), ("smollm2-360m", 0.3618), ("smollm2-1.7b", 1.711),
+     ("llama-3.1-8b", 8.030), ("llama-3.1-70b", 70.55)],
+)  # fmt: skip
+def test_llama_shapes_write_configs_transformers_and_megatron_read_alike(name, billions) -> None:
+    """The published sizes; transformers builds a Llama of exactly that many parameters from
+    the written config (on the meta device) and `QwenSpec` reads the same numbers back."""
+    from megatron_seed.models.init_model import hf_config, tensor_specs
+    from megatron_seed.models.qwen import QwenSpec
+
+    shape = recipes.SHAPES[name]
+    assert shape.params / 1e9 == pytest.approx(billions, rel=0.001)
+    config = hf_config(shape, shape.layers)
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert sum(torch.Size(s).numel() for _, s in tensor_specs(config)) == shape.params
+    spec = QwenSpec.from_hf_config(config)
+    assert spec.num_params == shape.params and not spec.qkv_bias and not spec.qk_norm
+    assert (spec.rope_theta, spec.rope_scaling_factor) == (
+        shape.rope_theta,
+        8.0 if name.startswith("llama-3.1") else 0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("layout", "ids", "total"), [("smollm2", (0, 1, 2), 49152), ("llama3-chatml", (128000, 128001, 128002), 128003)]
+)  # fmt: skip
+@pytest.mark.parametrize("system", [None, SYSTEM])
+def test_llama_family_tokenizers_speak_chatml(layout, ids, total, system) -> None:
+    """SmolLM2's tokens sit at its ids 0-16 and its template (a default system message) is
+    what `ChatBuilder` renders; Llama 3.1 shapes get ChatML in Llama 3's reserved range."""
+    tok = build_qwen_tokenizer(layout)
+    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == list(ids)
+    assert len(tok) == total and tok.eos_token == "<|im_end|>"
+    check_chat_template(tok, system)
+    text = tok.decode(ChatBuilder(tok, system).prompt_ids("hi"))
+    default = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    if system is None and layout == "smollm2":
+        assert text.startswith(f"<|im_start|>system\n{default}<|im_end|>\n")
+    else:
+        assert default not in text
+
+
+@pytest.mark.parametrize(
     ("name", "total", "active"), [("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-235b-a22b", 235, 22)]
 )
 def test_moe_shapes_match_published_total_and_active_sizes(name, total, active) -> None:
@@ -201,6 +246,6 @@ def test_init_model_bad_input_is_one_line_exit_2(tmp_path, capsys) -> None:
         "not a folder",
     )
     assert [p.name for p in (tmp_path / "m").iterdir()] == ["model.safetensors"]
-    with pytest.raises(ValueError, match="vocab 512 cannot hold Qwen's ids"):
+    with pytest.raises(ValueError, match="vocab 512 cannot hold its tokenizer's ids"):
         write_checkpoint(recipes.TINY, tmp_path / "tiny")
     assert not (tmp_path / "tiny").exists()
