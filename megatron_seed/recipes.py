@@ -92,6 +92,12 @@ class ModelShape:
     # model_type's (Qwen)
     tokenizer: str = ""
 
+    def __post_init__(self) -> None:
+        if self.family not in ("qwen", "llama"):
+            raise ValueError(f"{self.hf_id}: family {self.family!r} is not 'qwen' or 'llama'")
+        if self.family == "llama" and (self.qkv_bias or self.qk_norm or self.experts):
+            raise ValueError(f"{self.hf_id}: a Llama shape has no q/k/v bias, q/k norm or experts")
+
     @property
     def model_type(self) -> str:
         """HF `model_type`: "llama" for the Llama family; for Qwen "qwen3_moe" with experts,

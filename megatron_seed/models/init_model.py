@@ -42,8 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from megatron_seed.models.qwen import LLAMA3_ROPE_FIXED
-
 if TYPE_CHECKING:
     from megatron_seed.recipes import ModelShape
 
@@ -94,6 +92,8 @@ def hf_config(shape: ModelShape, layers: int, dtype: str = "float32") -> dict[st
         "vocab_size": shape.vocab,
     }
     if shape.family == "llama":  # meta-llama/Llama-3.1-8B's and SmolLM2's keys
+        from megatron_seed.models.qwen import LLAMA3_ROPE_FIXED
+
         cfg.update(attention_bias=False, head_dim=shape.head_dim, mlp_bias=False, pretraining_tp=1)
         if shape.rope_scaling_factor:
             cfg["rope_scaling"] = {

@@ -587,10 +587,12 @@ def build_gpt_model(
 def rope_kwargs(spec: QwenSpec) -> dict[str, Any]:
     """megatron-core's RoPE arguments (`GPTModel`, `RotaryEmbedding`) for `spec`: its base
     and, for Llama 3.x, the "llama3" frequency scaling (`LLAMA3_ROPE_FIXED`)."""
+    if spec.rope_scaling_factor <= 0:
+        return {"rotary_base": int(spec.rope_theta)}
     return {
         "rotary_base": int(spec.rope_theta),
-        "rope_scaling": spec.rope_scaling_factor > 0,
-        "rope_scaling_factor": spec.rope_scaling_factor or 8.0,
+        "rope_scaling": True,
+        "rope_scaling_factor": spec.rope_scaling_factor,
     }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from megatron_seed import cli
+from tests.cli_checks import refused_in_one_line
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +35,7 @@ def truncated(model: Path, tmp_path: Path) -> Path:
 
 
 def _fails(capsys, argv: list[str], *needles: str) -> None:
-    assert cli.main(argv) == 2
-    _out, err = capsys.readouterr()
-    assert err.count("\n") == 1 and err.startswith(f"seed {argv[0]}: error: "), err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, (needle, err)
+    refused_in_one_line(capsys, argv, *needles)
 
 
 def test_truncated_checkpoint_is_a_one_line_error(truncated: Path, tmp_path: Path, capsys):

@@ -101,6 +101,30 @@ def test_llama3_rope_frequencies_equal_transformers():
     torch.testing.assert_close(ours.inv_freq, theirs, rtol=1e-6, atol=0)
 
 
+def test_the_built_llama_model_rotates_with_the_llama3_frequencies():
+    """`build_gpt_model` hands `rope_kwargs` to the model it builds: its rotary embedding has
+    transformers' "llama3" inverse frequencies (a model built without the scaling would still
+    pass the log-prob parity of short sequences, within 1e-4)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import torch
+from transformers import AutoConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from megatron_seed.models.parallel import init_parallel
+from megatron_seed.models.qwen import QwenSpec, build_gpt_model
+cfg = {TINY_LLAMA!r}
+init_parallel(1, 1)
+model = build_gpt_model(QwenSpec.from_hf_config(cfg))
+theirs = LlamaRotaryEmbedding(AutoConfig.for_model(**cfg)).inv_freq
+torch.testing.assert_close(model.rotary_pos_emb.inv_freq, theirs, rtol=1e-6, atol=0)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-1500:]
+
+
 @pytest.mark.parametrize(
     "tp,pp,msg", [(4, 1, "attention heads"), (3, 1, "query groups"), (1, 3, "layers")]
 )

@@ -5,6 +5,7 @@ templates."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -192,14 +193,18 @@ def test_llama_shapes_write_configs_transformers_and_megatron_read_alike(name, b
     )
 
 
+_layout_tokenizer = functools.cache(build_qwen_tokenizer)  # one per layout, read-only here
+
+
 @pytest.mark.parametrize(
-    ("layout", "ids", "total"), [("smollm2", (0, 1, 2), 49152), ("llama3-chatml", (128000, 128001, 128002), 128003)]
-)  # fmt: skip
+    ("layout", "ids", "total"),
+    [("smollm2", (0, 1, 2), 49152), ("llama3-chatml", (128000, 128001, 128002), 128003)],
+)
 @pytest.mark.parametrize("system", [None, SYSTEM])
 def test_llama_family_tokenizers_speak_chatml(layout, ids, total, system) -> None:
     """SmolLM2's tokens sit at its ids 0-16 and its template (a default system message) is
     what `ChatBuilder` renders; Llama 3.1 shapes get ChatML in Llama 3's reserved range."""
-    tok = build_qwen_tokenizer(layout)
+    tok = _layout_tokenizer(layout)
     assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == list(ids)
     assert len(tok) == total and tok.eos_token == "<|im_end|>"
     check_chat_template(tok, system)
@@ -249,3 +254,17 @@ def test_init_model_bad_input_is_one_line_exit_2(tmp_path, capsys) -> None:
     with pytest.raises(ValueError, match="vocab 512 cannot hold its tokenizer's ids"):
         write_checkpoint(recipes.TINY, tmp_path / "tiny")
     assert not (tmp_path / "tiny").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "msg"),
+    [(dict(family="lama"), "is not 'qwen' or 'llama'"), (dict(qk_norm=True), "no q/k/v bias"),
+     (dict(experts=8, top_k=2, expert_ffn=64), "experts")],
+)  # fmt: skip
+def test_a_shape_of_no_family_we_build_is_refused(changes, msg) -> None:
+    """A typo in `family` would have written a Qwen config, and a Llama shape with a Qwen3
+    feature a config silently without it."""
+    import dataclasses
+
+    with pytest.raises(ValueError, match=msg):
+        dataclasses.replace(recipes.SHAPES["smollm2-135m"], **changes)
