@@ -369,6 +369,38 @@ def default_quick() -> Recipe:
     return Recipe("default-quick", TINY_BASE, _default_job(quick=True), CPU_LAYOUT)
 
 
+def pretrained_cpu() -> Recipe:
+    """A small pretrained instruct model on the CPU (`seed run --model DIR`; SmolLM2-135M-
+    Instruct from `tools/fetch_smollm2.sh`): the default job's loop with what a model that
+    reads language needs. A first setting, not a tuned one (docs/results.md says what it
+    measured): the paper's prompts and analyzer layout; 2 tasks x 4 episodes an update
+    (a 135M-parameter model's dual-context pass over 15-step ALFWorld chats is the cost);
+    lr 1e-5, between the paper's 1e-6 for 3B-7B models and the tiny clone's 1e-4."""
+    config = SeedConfig(
+        # a 49k vocabulary: whole-sequence logits of a micro-batch would be GBs
+        parallel=ParallelConfig(precision="fp32", logit_chunk_tokens=1024),
+        rollout=RolloutConfig(
+            tasks_per_update=2,
+            group_size=4,
+            max_prompt_tokens=4096,
+            max_response_tokens=64,
+            prompt_style="paper",
+        ),
+        skill=SkillConfig(max_tokens=256, max_retries=0),
+        optim=OptimConfig(lr=1e-5, mini_batches_per_update=1, micro_batch_size=2),
+        fleet=FleetConfig(max_model_len=8192),
+        algo=AlgoConfig(loss_agg="seq_mean_token_mean"),
+        updates=8,
+        collect_rollouts_per_task=2,
+        sft_epochs=1,
+        sft_lr=1e-5,
+        sft_batch_size=4,
+        save_every=1,
+        seed=0,
+    )
+    return Recipe("pretrained-cpu", SMOLLM2_135M, config, CPU_LAYOUT)
+
+
 def qwen3_1_7b() -> Recipe:
     """Paper backbone; Table 5 hyperparameters are the defaults."""
     return Recipe("qwen3-1.7b", QWEN3_1_7B, _parallel())
@@ -450,6 +482,7 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
     "tiny": tiny,
     "default": default,
     "default-quick": default_quick,
+    "pretrained-cpu": pretrained_cpu,
     "qwen3-1.7b": qwen3_1_7b,
     "qwen2.5-3b": qwen2_5_3b,
     "qwen2.5-7b": qwen2_5_7b,

@@ -46,6 +46,7 @@ from megatron_seed.compare.report import (
 from megatron_seed.config import ConfigError, SeedConfig, assignments
 from megatron_seed.errors import CommandError, output_dir, positive
 from megatron_seed.methods import METHODS
+from megatron_seed.models.checks import validate_base_model
 from megatron_seed.pipeline.commands_eval import env_spec, env_tasks
 
 # the tiny world's job (games, base policy, sizes), reached only when no --model is named
@@ -266,8 +267,7 @@ def _named_model_job(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
         raise CommandError("--size / --quick size the tiny world; with --model use --recipe")
     if not args.games:
         raise CommandError("--model needs --games DIR (a task folder with train, seen, unseen)")
-    if not (Path(args.model) / "config.json").is_file():
-        raise CommandError(f"--model {args.model}: no config.json (an HF checkpoint folder)")
+    validate_base_model(args.model)
     env = env_spec(args.env)
     games = {split: env_tasks(env, args.games, split) for split in SPLITS}
     if empty := [s for s in SPLITS if not games[s]]:

@@ -21,3 +21,31 @@ def validate_hf_dir(path: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> 
     except ModelConfigError as err:
         raise CommandError(str(err)) from None
     return ckpt.spec
+
+
+def validate_base_model(path: str | Path) -> QwenSpec:
+    """Check a pretrained model folder a job starts from (`seed run --model`, `seed compare
+    --model`) before any work: an HF checkpoint this project can build, a tokenizer that loads,
+    fits the model's vocabulary, has the chat tokens as single ids, and renders its chat
+    template as `ChatBuilder` does; `CommandError` (one line) naming what is wrong."""
+    from transformers import AutoTokenizer
+
+    from megatron_seed.data import check_chat_template, check_tokenizer
+
+    spec = validate_hf_dir(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        raise CommandError(f"{path}: no tokenizer that loads ({reason})") from None
+    if len(tokenizer) > spec.vocab_size:
+        raise CommandError(
+            f"{path}: the tokenizer has {len(tokenizer)} tokens, the model's vocabulary "
+            f"{spec.vocab_size}: they are not each other's"
+        )
+    try:
+        check_tokenizer(tokenizer)
+        check_chat_template(tokenizer)
+    except ValueError as err:
+        raise CommandError(f"{path}: {err}") from None
+    return spec

@@ -1,10 +1,11 @@
 """`seed run [--size full|quick|evidence | --quick] [--env NAME] [--out DIR] [--seed S]
-[--algo A] [--updates N] [--eval-episodes N]`: the default job.
+[--algo A] [--updates N] [--eval-episodes N] [--model DIR [--recipe R]]`: the default job.
 
 `--env`: alfworld (default), search (search-based QA), sokoban or webshop; each brings its task
 generator, base policy and sizes (`testbed.profiles`; `--size evidence`: ALFWorld only).
 `--algo`: seed (default) or any method of `megatron_seed.methods` (the paper's Table 1 rows,
-its Table 2 ablations, seed-replay).
+its Table 2 ablations, seed-replay). `--model`: a pretrained model folder instead of the tiny
+base policy, trained with `--recipe` (default `pretrained-cpu`) on the size's games.
 
 Everything goes under one output folder; re-running the same command resumes.
 """
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 
+from megatron_seed import recipes
 from megatron_seed.compare.commands import add_job_arguments, job_settings, tiny_world_size
 from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.methods import METHODS
+from megatron_seed.models.checks import validate_base_model
 from megatron_seed.testbed import ENV
 from megatron_seed.testbed.profiles import PROFILES
 
@@ -38,6 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algo", choices=list(METHODS), default="seed", help="the method (Table 1 and ablations)"
     )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="start from this pretrained HF model folder instead of the tiny world's base "
+        "policy (e.g. tools/fetch_smollm2.sh's SmolLM2-135M-Instruct); the size still picks "
+        "the games",
+    )
+    parser.add_argument(
+        "--recipe",
+        default=None,
+        help="with --model: the recipes.py recipe of Stage 1 and Stage 2 (default pretrained-cpu)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +64,15 @@ def run(args: argparse.Namespace) -> int:
         job_size(args.env, size)  # a size the environment lacks fails before anything runs
     except ValueError as err:
         raise CommandError(str(err)) from None
+    if args.recipe and not args.model:
+        raise CommandError("--recipe is for --model; the tiny world's sizes bring their own")
+    if args.model:
+        validate_base_model(args.model)  # before any game is generated
+        recipe = args.recipe or "pretrained-cpu"
+        if recipe not in recipes.RECIPES:
+            raise CommandError(f"unknown recipe {recipe!r}; known: {', '.join(recipes.RECIPES)}")
     default = PROFILES[args.env].run_dir + ("" if size == "full" else f"-{size}")
+    default += "-model" if args.model else ""
     out = output_dir(args.out or default)
     run_default_job(
         out,
@@ -62,5 +85,7 @@ def run(args: argparse.Namespace) -> int:
         eval_episodes=args.eval_episodes,
         settings=job_settings(args),
         curve_every=args.curve_every,
+        model=args.model,
+        recipe=(args.recipe or "pretrained-cpu") if args.model else None,
     )
     return 0

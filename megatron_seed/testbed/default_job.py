@@ -65,14 +65,16 @@ def job_config(
     env: str = ENV,
     updates: int | None = None,
     settings: dict[str, Any] | None = None,
+    recipe: str | None = None,
 ) -> SeedConfig:
-    """The default job's config: its recipe (`megatron_seed.recipes`) over the
-    environment's rollout budgets, for this method and seed (the environment's
-    `testbed.profiles` rollout settings on top); ``updates``: Stage-2 updates instead of the
-    recipe's; ``settings``: nested config changes applied last (`seed run --set`)."""
+    """The default job's config: its recipe (`megatron_seed.recipes`; ``recipe``, else the
+    size's) over the environment's rollout budgets, for this method and seed (the
+    environment's `testbed.profiles` rollout settings on top); ``updates``: Stage-2 updates
+    instead of the recipe's; ``settings``: nested config changes applied last (`seed run
+    --set`)."""
     from megatron_seed import recipes
 
-    cfg = recipes.on_env(recipes.get(size.recipe).config, get_env(env).rollout)
+    cfg = recipes.on_env(recipes.get(recipe or size.recipe).config, get_env(env).rollout)
     if updates is not None:
         cfg = cfg.with_changes({"updates": updates})
     cfg = apply_method(cfg, algo)
@@ -120,6 +122,8 @@ def run_default_job(
     eval_episodes: int | None = None,
     settings: dict[str, Any] | None = None,
     curve_every: int = 0,
+    model: str | Path | None = None,
+    recipe: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the whole job on ``env`` at size ``size`` (`testbed.profiles`: full,
     quick, evidence); returns the evaluations and facts of the report. ``updates``: Stage-2
@@ -132,6 +136,9 @@ def run_default_job(
     policy (with its cached evaluation), the games and the family skill library built from
     Stage-1 annotations live, so that several jobs (``seed compare``) can share them.
     ``user_library``: a family library folder to use instead of building one.
+    ``model``: a pretrained HF model folder to start from instead of the tiny base policy
+    (checked by the caller, `models.checks.validate_base_model`), with ``recipe``'s Stage 1 and
+    Stage 2; its evaluation is cached under ``base_dir`` as the base policy's is.
     """
     from megatron_seed.testbed.base_policy import build_base_policy, read_manifest
 
@@ -141,7 +148,7 @@ def run_default_job(
         sizing = dataclasses.replace(sizing, train_eval_episodes=eval_episodes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = job_config(sizing, algo, seed, env, updates, settings)
+    cfg = job_config(sizing, algo, seed, env, updates, settings, recipe)
     own = method_phases(method_of(algo), user_library is not None)
     phases = Phases(["games", "base policy", *own])
     phases.start("games")
@@ -152,16 +159,21 @@ def run_default_job(
         f"unseen {len(games['unseen'])}"
     )
     base_root = Path(base_dir or out / "base")
-    phases.start("base policy")
-    # the Stage-2 training games are among the base policy's behaviour-cloning games
-    base = build_base_policy(
-        base_root, size=size, seed=seed, games_dir=games_root, measure=False, env=env
-    )
     facts: dict[str, Any] = {"environment": env, "size": sizing.name, "algorithm": algo}
     facts["seed"] = seed
     if settings:
         facts["settings"] = settings
-    facts["base_policy"] = _base_facts(read_manifest(base_root))
+    phases.start("base policy")
+    if model is not None:
+        base = Path(model)
+        base_root.mkdir(parents=True, exist_ok=True)  # the base's cached evaluation
+        facts |= {"base_model": str(base), "recipe": recipe}
+    else:
+        # the Stage-2 training games are among the base policy's behaviour-cloning games
+        base = build_base_policy(
+            base_root, size=size, seed=seed, games_dir=games_root, measure=False, env=env
+        )
+        facts["base_policy"] = _base_facts(read_manifest(base_root))
     return run_method_job(
         out, base, games, cfg, algo, stage1_tasks=sizing.stage1_tasks,
         train_eval_episodes=sizing.train_eval_episodes,
