@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from megatron_seed.config import ParallelConfig, SeedConfig
-from megatron_seed.recipes import ModelShape
+from megatron_seed.models.shapes import ModelShape
 
 GIB = 1024**3
 

@@ -298,7 +298,7 @@ def run_mode(args, hf_dir: str, tokenizer, name: str, cfg, results: Results, out
     results go into `out` (a part of `results`, saved after every phase)."""
     from launch.layout import ClusterLayout, trainer_memory_gib
     from megatron_seed.models.parity import hf_reference_logprobs
-    from megatron_seed.recipes import ModelShape
+    from megatron_seed.models.shapes import ModelShape
     from megatron_seed.train.trainer import SeedTrainer
 
     on_gpu = torch.cuda.is_available()

@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--hidden", type=int, default=256, help="model width (head_dim 64)")
     parser.add_argument("--layers", type=int, default=None, help="default 4 (memory: 2)")
-    parser.add_argument("--shape", default="qwen2.5-0.5b", help="memory: a recipes.SHAPES name")
+    parser.add_argument(
+        "--shape", default="qwen2.5-0.5b", help="memory: a models.shapes.SHAPES name"
+    )
     parser.add_argument(
         "--lengths", default="1024,2048,4096,8192", help="memory: tokens per pass, comma-separated"
     )
@@ -276,11 +278,11 @@ def _run_memory(args: argparse.Namespace, work: Path) -> dict:
     from megatron_seed.benchmarks.memory import SMALL_VOCAB, run_memory
     from megatron_seed.errors import CommandError
     from megatron_seed.models.init_model import hf_config, write_checkpoint
+    from megatron_seed.models.shapes import SHAPES
     from megatron_seed.models.tiny import make_tiny_qwen
-    from megatron_seed.recipes import SHAPES
 
     if args.shape not in SHAPES or not SHAPES[args.shape].hf_id.startswith("Qwen/"):
-        raise CommandError(f"unknown --shape {args.shape!r}; a Qwen shape of recipes.SHAPES")
+        raise CommandError(f"unknown --shape {args.shape!r}; a Qwen shape of models.shapes.SHAPES")
     try:
         lengths = tuple(int(x) for x in args.lengths.split(","))
     except ValueError:

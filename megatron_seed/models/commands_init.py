@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from megatron_seed.errors import CommandError, output_dir, positive
-from megatron_seed.recipes import SHAPES, ModelShape
+from megatron_seed.models.shapes import SHAPES, ModelShape
 
 _SIZES = (
     "Full depth needs the whole model on disk (float32: 0.5B ~2.0 GB, 1.5B ~6.2 GB, 3B "
@@ -21,7 +21,7 @@ _SIZES = (
 
 
 def init_shapes() -> dict[str, ModelShape]:
-    """The shapes `--shape` accepts: the published ones of the recipes' table (a hub id,
+    """The shapes `--shape` accepts: the published ones of `models.shapes.SHAPES` (a hub id,
     "org/name"; the tiny test shapes are not)."""
     return {name: s for name, s in SHAPES.items() if "/" in s.hf_id}
 
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.epilog = _SIZES
     parser.add_argument(
-        "--shape", required=True, help=f"one of: {', '.join(init_shapes())} (recipes.SHAPES)"
+        "--shape", required=True, help=f"one of: {', '.join(init_shapes())} (models/shapes.py)"
     )
     parser.add_argument("--out", required=True, help="output folder (new or empty)")
     parser.add_argument("--seed", type=int, default=0, help="weights are a function of it")

@@ -2,8 +2,7 @@
 
 `write_checkpoint(SHAPES["qwen2.5-0.5b"], out, seed=0, layers=2)` writes what a downloaded
 Qwen checkpoint folder holds, with random weights (`SHAPES`: the table of
-`megatron_seed.recipes`, which `seed init-model --shape NAME` reads; this module takes the
-`ModelShape` itself and imports no recipe):
+`megatron_seed.models.shapes`, which `seed init-model --shape NAME` reads):
 
 - config.json in the published format (`model_type` qwen2, qwen3, qwen3_moe or llama, the
   shape's numbers, `vocab_size` 151936 / 152064 / 49152 / 128256 as published; Llama 3.1's
@@ -43,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from megatron_seed.recipes import ModelShape
+    from megatron_seed.models.shapes import ModelShape
 
 ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",

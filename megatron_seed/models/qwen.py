@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from megatron_seed.recipes import param_count
+from megatron_seed.models.shapes import param_count
 
 
 class ModelConfigError(ValueError):

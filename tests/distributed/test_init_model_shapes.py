@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_seed import cli, recipes
+from megatron_seed import cli
 from megatron_seed.data import check_chat_template
 from megatron_seed.models.chat_templates import CHAT_TEMPLATES
 from megatron_seed.models.init_model import init_tensor, write_checkpoint
 from megatron_seed.models.qwen_tokenizer import ADDED_TOKENS, CORPUS
+from megatron_seed.models.shapes import SHAPES
 
 SYSTEM = "You are an expert agent in a house.\nAnswer with one action."
 
@@ -24,14 +25,14 @@ SYSTEM = "You are an expert agent in a house.\nAnswer with one action."
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("init") / "qwen3"
-    return write_checkpoint(recipes.SHAPES["qwen3-0.6b"], out, layers=1)
+    return write_checkpoint(SHAPES["qwen3-0.6b"], out, layers=1)
 
 
 @pytest.mark.parametrize(("shape", "layers"), [("qwen2.5-0.5b", 2), ("qwen3-0.6b", 1)])
 def test_init_model_writes_a_qwen_folder_transformers_loads(qwen25, qwen3, shape, layers) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path, spec = (qwen25 if shape == "qwen2.5-0.5b" else qwen3), recipes.SHAPES[shape]
+    path, spec = (qwen25 if shape == "qwen2.5-0.5b" else qwen3), SHAPES[shape]
     model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     cfg = model.config
@@ -105,7 +106,7 @@ def test_init_model_writes_a_qwen3_moe_folder_transformers_loads(tmp_path) -> No
     out = tmp_path / "moe"
     argv = ["init-model", "--shape", "qwen3-30b-a3b", "--layers", "1", "--experts", "8"]
     assert cli.main([*argv, "--dtype", "bfloat16", "--out", str(out)]) == 0
-    shape = dataclasses.replace(recipes.SHAPES["qwen3-30b-a3b"], layers=1, experts=8)
+    shape = dataclasses.replace(SHAPES["qwen3-30b-a3b"], layers=1, experts=8)
     model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     cfg = model.config
@@ -133,7 +134,7 @@ def test_init_model_writes_a_smollm2_folder_transformers_loads(tmp_path) -> None
     assert (
         cli.main(["init-model", "--shape", "smollm2-135m", "--layers", "2", "--out", str(out)]) == 0
     )
-    shape = dataclasses.replace(recipes.SHAPES["smollm2-135m"], layers=2)
+    shape = dataclasses.replace(SHAPES["smollm2-135m"], layers=2)
     model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.tie_word_embeddings

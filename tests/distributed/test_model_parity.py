@@ -79,7 +79,7 @@ def real_shapes(tmp_path_factory):
     """`seed init-model` checkpoints: real widths and head_dims (64, 128), Qwen's 151936
     vocabulary, 2 layers."""
     from megatron_seed.models.init_model import write_checkpoint
-    from megatron_seed.recipes import SHAPES
+    from megatron_seed.models.shapes import SHAPES
 
     root = tmp_path_factory.mktemp("real")
     return {

@@ -21,7 +21,7 @@ from launch.layout import ClusterLayout, LayoutError, check_layout, node_host_me
 from launch.plan import PlanError, make_plan, recipe_layout
 from megatron_seed import cli, recipes
 from megatron_seed.config import SeedConfig
-from megatron_seed.recipes import ModelShape
+from megatron_seed.models.shapes import ModelShape
 
 os.environ.setdefault("NEMORUN_HOME", tempfile.mkdtemp(prefix="nemorun-test-"))
 

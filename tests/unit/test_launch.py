@@ -25,6 +25,7 @@ from launch.ray_health import cluster_size, wait_for_cluster
 from launch.slurm import SlurmOptions, render
 from megatron_seed import cli, recipes
 from megatron_seed.config import SeedConfig
+from megatron_seed.models.shapes import SHAPES
 
 # NeMo-Run reads NEMORUN_HOME when first imported (lazily, inside launch.*).
 os.environ.setdefault("NEMORUN_HOME", tempfile.mkdtemp(prefix="nemorun-test-"))
@@ -262,7 +263,7 @@ def test_cpu_memory_model_is_the_gpu_terms_at_float32() -> None:
     )
     from megatron_seed.config import ParallelConfig
 
-    model, gib = recipes.SHAPES["qwen2.5-0.5b"], 1024**3
+    model, gib = SHAPES["qwen2.5-0.5b"], 1024**3
     p, h, v, s = model.params, model.hidden, model.vocab, 4096
     full = cpu_trainer_memory_gib(model, ParallelConfig(recompute="full"), s)
     assert full["weights_fp32"] == full["reference_fp32"] == pytest.approx(4 * p / gib)
@@ -290,7 +291,7 @@ def test_cpu_memory_model_is_the_gpu_terms_at_float32() -> None:
     [
         (
             {"recipe_name": "qwen9-400b"},
-            r"unknown recipe 'qwen9-400b'; known: tiny, default, default-quick, qwen3-1\.7b",
+            r"unknown recipe 'qwen9-400b'; known: tiny, default, default-quick, pretrained-cpu, qwen3-1\.7b",
         ),
         ({"recipe_name": "qwen2.5-7b", "tp": 3}, r"TP×PP=3×1=3 does not divide the 4 trainer GPUs"),
         (

@@ -254,3 +254,29 @@ def test_training_and_the_sft_sequences_never_import_the_rollout_side() -> None:
     before, after = proc.stdout.strip().splitlines()[-2:]
     assert before == "[]", before
     assert "megatron_seed.rollout.analyzer" in after
+
+
+def _imports_named(source: str) -> set[str]:
+    """`_imports`, plus each `from PACKAGE import NAME` as PACKAGE.NAME (a module or not)."""
+    names = _imports(source)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_models_import_no_recipe() -> None:
+    """Model code (shapes, specs, conversion, checkpoints) never reads the named configs:
+    shapes and their parameter arithmetic live in `models/shapes.py`, and the recipes pair
+    them with training configs (also from inside a function)."""
+    files = sorted((REPO / "megatron_seed" / "models").rglob("*.py"))
+    assert any(p.name == "shapes.py" for p in files)
+    recipes = "megatron_seed.recipes"
+    bad = sorted(
+        f"{p.name}: {name}"
+        for p in files
+        for name in _imports_named(p.read_text())
+        if name == recipes or name.startswith(recipes + ".")
+    )
+    assert bad == []
+    assert _imports_named("def f():\n    from megatron_seed import recipes\n") >= {recipes}

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from megatron_seed import cli, recipes
+from megatron_seed import cli
 from megatron_seed.data import (
     Analysis,
     ChatBuilder,
@@ -24,6 +24,7 @@ from megatron_seed.data import (
 from megatron_seed.models.chat_templates import CHAT_TEMPLATES, QWEN2_5_CHAT_TEMPLATE
 from megatron_seed.models.init_model import write_checkpoint
 from megatron_seed.models.qwen_tokenizer import build_qwen_tokenizer
+from megatron_seed.models.shapes import SHAPES, TINY
 
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 SYSTEM = "You are an expert agent in a house.\nAnswer with one action."
@@ -166,7 +167,7 @@ def test_the_tokenizer_is_built_the_same_every_time(tokenizers) -> None:
     ("name", "billions"), [("qwen2.5-0.5b", 0.49), ("qwen2.5-1.5b", 1.54), ("qwen3-0.6b", 0.6)]
 )
 def test_new_shapes_match_published_sizes(name: str, billions: float) -> None:
-    assert recipes.SHAPES[name].params / 1e9 == pytest.approx(billions, rel=0.01)
+    assert SHAPES[name].params / 1e9 == pytest.approx(billions, rel=0.01)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +181,7 @@ def test_llama_shapes_write_configs_transformers_and_megatron_read_alike(name, b
     from megatron_seed.models.init_model import hf_config, tensor_specs
     from megatron_seed.models.qwen import QwenSpec
 
-    shape = recipes.SHAPES[name]
+    shape = SHAPES[name]
     assert shape.params / 1e9 == pytest.approx(billions, rel=0.001)
     config = hf_config(shape, shape.layers)
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
@@ -220,7 +221,7 @@ def test_llama_family_tokenizers_speak_chatml(layout, ids, total, system) -> Non
     ("name", "total", "active"), [("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-235b-a22b", 235, 22)]
 )
 def test_moe_shapes_match_published_total_and_active_sizes(name, total, active) -> None:
-    shape = recipes.SHAPES[name]
+    shape = SHAPES[name]
     assert shape.model_type == "qwen3_moe"
     assert shape.params / 1e9 == pytest.approx(total, rel=0.01)
     assert shape.active_params / 1e9 == pytest.approx(active, rel=0.02)
@@ -252,7 +253,7 @@ def test_init_model_bad_input_is_one_line_exit_2(tmp_path, capsys) -> None:
     )
     assert [p.name for p in (tmp_path / "m").iterdir()] == ["model.safetensors"]
     with pytest.raises(ValueError, match="vocab 512 cannot hold its tokenizer's ids"):
-        write_checkpoint(recipes.TINY, tmp_path / "tiny")
+        write_checkpoint(TINY, tmp_path / "tiny")
     assert not (tmp_path / "tiny").exists()
 
 
@@ -267,4 +268,4 @@ def test_a_shape_of_no_family_we_build_is_refused(changes, msg) -> None:
     import dataclasses
 
     with pytest.raises(ValueError, match=msg):
-        dataclasses.replace(recipes.SHAPES["smollm2-135m"], **changes)
+        dataclasses.replace(SHAPES["smollm2-135m"], **changes)
