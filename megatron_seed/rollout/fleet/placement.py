@@ -17,7 +17,7 @@ from megatron_seed.rollout.fleet.actor import engine_env
 from megatron_seed.rollout.fleet.errors import FleetError
 
 if TYPE_CHECKING:
-    from megatron_seed.rollout.fleet.client import FleetSpec
+    from megatron_seed.rollout.fleet.spec import FleetSpec
 
 log = logging.getLogger(__name__)
 
