@@ -105,6 +105,20 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_skill_library(path: str | None) -> None:
+    """``--skill-library``, loaded before any work: a one-line `CommandError` for a folder
+    without skills or a file that is not Stage-1 annotations (found after the games and the
+    base policy were built, before)."""
+    if path is None:
+        return
+    from megatron_seed.skills.library import LibraryError, load_library
+
+    try:
+        load_library(path)
+    except (LibraryError, OSError) as err:
+        raise CommandError(f"--skill-library: {err}") from None
+
+
 def job_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``--set``'s nested changes, checked against the config's fields before anything
     runs (a one-line `CommandError` for an unknown field or a bad value)."""
@@ -179,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
             out, *summary, args.env, size, seeds, curves, settings=settings, fixed=fixed
         )
     settings = job_settings(args)
+    check_skill_library(args.skill_library)
     job = _named_model_job(args, settings) if args.model else _tiny_world_job(args, settings)
     results: dict[str, list[dict]] = {}
     seconds: dict[str, list[dict[str, float]]] = {}

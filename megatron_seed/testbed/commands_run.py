@@ -15,7 +15,12 @@ from __future__ import annotations
 import argparse
 
 from megatron_seed import recipes
-from megatron_seed.compare.commands import add_job_arguments, job_settings, tiny_world_size
+from megatron_seed.compare.commands import (
+    add_job_arguments,
+    check_skill_library,
+    job_settings,
+    tiny_world_size,
+)
 from megatron_seed.errors import CommandError, output_dir
 from megatron_seed.methods import METHODS
 from megatron_seed.models.checks import validate_base_model
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         job_size(args.env, size)  # a size the environment lacks fails before anything runs
     except ValueError as err:
         raise CommandError(str(err)) from None
+    check_skill_library(args.skill_library)
     if args.recipe and not args.model:
         raise CommandError("--recipe is for --model; the tiny world's sizes bring their own")
     if args.model:

@@ -157,6 +157,22 @@ BAD = [
     ("run: zero updates", lambda m, g, t: ["run", "--updates", "0"], "--updates"),
     ("run: unknown environment", lambda m, g, t: ["run", "--env", "nope"], "invalid choice"),
     ("compare: a seed that is no number", lambda m, g, t: ["compare", "--seeds", "x"], "'x'"),
+    (
+        "run: a skill library that is not there",
+        lambda m, g, t: ["run", "--skill-library", str(t / "none"), "--out", str(t / "out")],
+        "--skill-library: skill library",
+    ),
+    (
+        "compare: a skill library file that is not annotations",
+        lambda m, g, t: [
+            "compare",
+            "--skill-library",
+            str(_text(t, "{'x'")),
+            "--out",
+            str(t / "out"),
+        ],
+        "not Stage-1 annotations",
+    ),
     ("smoke: tensor parallel 0", lambda m, g, t: ["smoke", "--tp", "0"], "--tp"),
     ("bench: unknown benchmark", lambda m, g, t: ["bench", "nothing"], "invalid choice"),
     (
