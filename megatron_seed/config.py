@@ -406,6 +406,8 @@ class SeedConfig(_Checked):
     def with_changes(self, changes: dict[str, Any]) -> SeedConfig:
         """This config with nested `changes` applied (JSON-style, as `--config-json` gives
         them); checked like any config (`ConfigError`)."""
+        if not isinstance(changes, dict):
+            raise ConfigError(f"config changes must be an object, got {type(changes).__name__}")
         return SeedConfig.from_dict(merge_dicts(self.to_dict(), changes))
 
     @classmethod
@@ -416,6 +418,14 @@ class SeedConfig(_Checked):
         except (OSError, json.JSONDecodeError) as err:
             raise ConfigError(f"cannot read config {path}: {err}") from None
         return cls.from_dict(data)
+
+
+def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the fields where two config dicts (`SeedConfig.to_dict`) differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys for d in differences(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".")]
 
 
 def assignments(items: list[str]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from envs.spec import get_env
 from megatron_seed.compare.report import write_report
-from megatron_seed.config import SeedConfig
+from megatron_seed.config import SeedConfig, differences
 from megatron_seed.errors import CommandError
 from megatron_seed.methods import METHODS, Method
 from megatron_seed.startup import use_own_ray_token
@@ -164,19 +164,11 @@ def check_same_config(out: Path, cfg: SeedConfig) -> None:
         return
     theirs = json.loads(path.read_text())
     if theirs != mine:
-        differ = sorted(_differences(theirs, mine))
+        differ = sorted(differences(theirs, mine))
         raise CommandError(
             f"{out} holds a job of another config ({', '.join(differ[:4])}"
             f"{', ...' if len(differ) > 4 else ''} differ): choose another --out"
         )
-
-
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted names of the fields where two config dicts differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        keys = sorted(set(a) | set(b))
-        return [d for k in keys for d in _differences(a.get(k), b.get(k), f"{prefix}{k}.")]
-    return [] if a == b else [prefix.rstrip(".")]
 
 
 def _progress(out: Path) -> dict[str, Any]:

@@ -98,15 +98,7 @@ def build_config(args: argparse.Namespace):
         cfg = get_method(args.method).config(cfg)
     changes = []
     if args.config_json:
-        text = (
-            Path(args.config_json).read_text()
-            if Path(args.config_json).is_file()
-            else args.config_json
-        )
-        try:
-            changes.append(("bad --config-json", json.loads(text)))
-        except ValueError as err:
-            raise CommandError(f"bad --config-json: {err}") from None
+        changes.append(("bad --config-json", _config_json(args.config_json)))
     flags = {
         "updates": args.updates,
         "parallel": {"tp": args.tp, "pp": args.pp},
@@ -119,7 +111,40 @@ def build_config(args: argparse.Namespace):
         env = get_env(_changed(cfg, changes).env.name)
     except EnvSpecError as err:
         raise CommandError(str(err)) from None
-    return _changed(recipes.on_env(cfg, env.rollout), changes)
+    cfg = _changed(recipes.on_env(cfg, env.rollout), changes)
+    if args.method and (undone := _undone(cfg, args.method)):
+        raise CommandError(
+            f"--config-json or --grpo sets {', '.join(undone)}, which --method {args.method} "
+            "decides: drop one of them"
+        )
+    return cfg
+
+
+def _config_json(value: str) -> dict:
+    """``--config-json``'s changes: JSON text (an object, ``{...}``) or a file holding it."""
+    text = value
+    if not value.lstrip().startswith("{"):
+        path = Path(value)
+        if not path.is_file():
+            raise CommandError(f"--config-json {value}: no such file (nor a JSON object)")
+        text = path.read_text()
+    try:
+        changes = json.loads(text)
+    except ValueError as err:
+        where = "" if text is value else f" {value}"
+        raise CommandError(f"bad --config-json{where}: {err}") from None
+    if not isinstance(changes, dict):
+        raise CommandError(f"bad --config-json: an object expected, got {type(changes).__name__}")
+    return changes
+
+
+def _undone(cfg, method: str) -> list[str]:
+    """The fields of ``cfg`` that differ from what ``method`` sets (a saved config of another
+    method, or ``--grpo`` on a method with a teacher, overrode them after it)."""
+    from megatron_seed.config import differences
+
+    again = get_method(method).config(cfg)
+    return sorted(differences(cfg.to_dict(), again.to_dict()))
 
 
 def _changed(cfg, changes: list[tuple[str, dict]]):

@@ -145,6 +145,33 @@ BAD = [
         "is not a file",
     ),
     (
+        "train: a config JSON that is a list",
+        lambda m, g, t: ["train", *_job(m, g, t), "--config-json", "[1]"],
+        "no such file (nor a JSON object)",
+    ),
+    (
+        "train: a config file that is a list",
+        lambda m, g, t: ["train", *_job(m, g, t), "--config-json", str(_text(t, "[1]"))],
+        "an object expected, got list",
+    ),
+    (
+        "train: a missing config file",
+        lambda m, g, t: ["train", *_job(m, g, t), "--config-json", str(t / "none.json")],
+        "none.json: no such file",
+    ),
+    (
+        "train: a config of another method",  # e.g. a SEED run's saved stage2/config.json
+        lambda m, g, t: [
+            "train",
+            *_job(m, g, t),
+            "--method",
+            "grpo",
+            "--config-json",
+            '{"algo": {"use_opd": true}}',
+        ],
+        "algo.use_opd, which --method grpo decides",
+    ),
+    (
         "eval: output that is a folder",
         lambda m, g, t: ["eval", "--games", str(g), "--policy", "random", "--out", str(t)],
         "is a folder",

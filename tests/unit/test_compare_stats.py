@@ -116,7 +116,9 @@ def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
         merge_summaries([tmp_path / "nothing"])
 
 
-def test_compare_runs_a_named_model_recipe_and_environment(tmp_path, monkeypatch):
+def test_compare_runs_a_named_model_recipe_and_environment(
+    tmp_path, monkeypatch, tiny_tokenizer, capsys
+):
     """`seed compare --model DIR --games DIR --recipe R --env E`: every (method, seed) job
     starts from that model on those tasks with the recipe's config and the method's changes,
     the seed's base evaluation and library shared; the table comes from their evaluations."""
@@ -127,9 +129,11 @@ def test_compare_runs_a_named_model_recipe_and_environment(tmp_path, monkeypatch
     games = tmp_path / "games"
     for split in ("train", "seen", "unseen"):
         get_env("sokoban").generate_tasks(games, split, 2, 0)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    from megatron_seed.models.tiny import make_tiny_qwen
+    from megatron_seed.models.tiny_tokenizer import save_tokenizer
+
+    model = make_tiny_qwen(tmp_path / "model", vocab_size=512)
+    save_tokenizer(tiny_tokenizer, model)
     calls = []
 
     def fake_job(out, base, tasks, cfg, algo, **kw):
@@ -158,6 +162,11 @@ def test_compare_runs_a_named_model_recipe_and_environment(tmp_path, monkeypatch
         in (out / "compare.md").read_text()
     )
     assert main(["compare", "--model", str(model), "--games", str(tmp_path / "none")]) == 2
+    (tmp_path / "no-model").mkdir()
+    (tmp_path / "no-model" / "config.json").write_text("{}")  # checked before any job
+    argv[2] = str(tmp_path / "no-model")
+    assert main([*argv, "--out", str(tmp_path / "cmp2")]) == 2
+    assert "unsupported architecture" in capsys.readouterr().err
 
 
 def test_compare_and_run_pick_the_tiny_worlds_size(tmp_path, monkeypatch):
