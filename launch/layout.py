@@ -14,7 +14,7 @@ Host RAM is checked the same way, per phase, for the busiest node (`node_host_me
 sleeping engines, offloaded optimizer state, checkpoint gathers, the replay copy), against
 the layout's `host_memory_gib` (a node type's: `NODE_TYPES`).
 
-`ModelShape` (`megatron_seed.recipes`) holds only what the launcher needs before any
+`ModelShape` (`megatron_seed.models.shapes`) holds only what the launcher needs before any
 checkpoint is at hand (parameter count, divisibility). The engines' TP is the config's
 (`FleetConfig.engine_tp`). At train time the model is built from the checkpoint's own
 `config.json` (`megatron_seed.models.qwen.QwenSpec`); this module imports nothing heavy.

@@ -206,10 +206,10 @@ def default_quick() -> Recipe:
 def pretrained_cpu() -> Recipe:
     """A small pretrained instruct model on the CPU (`seed run --model DIR`; SmolLM2-135M-
     Instruct from `tools/fetch_smollm2.sh`): the default job's loop with what a model that
-    reads language needs. A first setting, not a tuned one (docs/results.md says what it
-    measured): the paper's prompts and analyzer layout; 2 tasks x 4 episodes an update
-    (a 135M-parameter model's dual-context pass over 15-step ALFWorld chats is the cost);
-    lr 1e-5, between the paper's 1e-6 for 3B-7B models and the tiny clone's 1e-4."""
+    reads language needs. A first setting, not a tuned one: the paper's prompts and analyzer
+    layout; 2 tasks x 4 episodes an update (a 135M-parameter model's dual-context pass over
+    long multi-turn chats is the cost on 2 cores); replies of at most 64 tokens; lr 1e-5,
+    between the paper's 1e-6 for 3B-7B models and the tiny clone's 1e-4."""
     config = SeedConfig(
         # a 49k vocabulary: whole-sequence logits of a micro-batch would be GBs
         parallel=ParallelConfig(precision="fp32", logit_chunk_tokens=1024),
@@ -227,7 +227,6 @@ def pretrained_cpu() -> Recipe:
         updates=8,
         collect_rollouts_per_task=2,
         sft_epochs=1,
-        sft_lr=1e-5,
         sft_batch_size=4,
         save_every=1,
         seed=0,

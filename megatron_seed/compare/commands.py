@@ -81,7 +81,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive,
         default=None,
         help="sampled evaluation episodes per training task (default: the tiny world's 8 "
-        "quick and evidence, 4 full; with --model 4)",
+        "quick and evidence, 4 full; seed compare --model: 4)",
     )
     parser.add_argument(
         "--skill-library", default=None, help="a family library folder (default: built)"
@@ -106,17 +106,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_skill_library(path: str | None) -> None:
-    """``--skill-library``, loaded before any work: a one-line `CommandError` for a folder
-    without skills or a file that is not Stage-1 annotations (found after the games and the
-    base policy were built, before)."""
-    if path is None:
-        return
-    from megatron_seed.skills.library import LibraryError, load_library
+    """``--skill-library``, if given, loaded before any work (`skills.library.library_flag`)."""
+    if path is not None:
+        from megatron_seed.skills.library import library_flag
 
-    try:
-        load_library(path)
-    except (LibraryError, OSError) as err:
-        raise CommandError(f"--skill-library: {err}") from None
+        library_flag(path)
 
 
 def job_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -308,17 +302,27 @@ def _named_model_job(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
             library_dir=out / f"library-seed{seed}",
             user_library=args.skill_library,
             curve_every=args.curve_every,
+            own_base=True,
         )
 
     return job
 
 
-def _recipe_config(args: argparse.Namespace) -> SeedConfig:
-    """``--recipe``'s config (the defaults without one) with ``--updates``."""
+PRETRAINED_RECIPE = "pretrained-cpu"  # `seed run --model`'s recipe unless --recipe names one
+
+
+def named_recipe(name: str) -> recipes.Recipe:
+    """The recipe called ``name``; a one-line `CommandError` naming the known ones."""
     try:
-        cfg = recipes.get(args.recipe).config if args.recipe else SeedConfig()
-        return cfg.with_changes({"updates": args.updates}) if args.updates else cfg
+        return recipes.get(name)
     except KeyError as err:
         raise CommandError(str(err).strip("'\"")) from None
+
+
+def _recipe_config(args: argparse.Namespace) -> SeedConfig:
+    """``--recipe``'s config (the defaults without one) with ``--updates``."""
+    cfg = named_recipe(args.recipe).config if args.recipe else SeedConfig()
+    try:
+        return cfg.with_changes({"updates": args.updates}) if args.updates else cfg
     except ValueError as err:
         raise CommandError(f"bad --updates: {err}") from None

@@ -88,6 +88,7 @@ def run_method_job(
     title: str | None = None,
     phases: Phases | None = None,
     curve_every: int = 0,
+    own_base: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) method ``algo`` from the ``base`` HF folder on ``games`` (train, seen,
     unseen task paths) with ``cfg`` (`apply_method`'s); returns the evaluations and facts of
@@ -102,11 +103,14 @@ def run_method_job(
     ``title``: the environment's name in the report (default its registry name);
     ``phases``: the job's phase lines, whose start is the job's (default: this method's
     phases, starting now); ``curve_every``: Stage 2 evaluates its policy on the training
-    games every that many updates with the final evaluation's draws (0: never)."""
+    games every that many updates with the final evaluation's draws (0: never);
+    ``own_base``: ``base`` is the user's model (`--model`), not one the job built: the job
+    folder records it and refuses another (the base's cached evaluation is kept per job
+    folder's base)."""
     method = method_of(algo)
     phases = phases or Phases(method_phases(method, bool(user_library)))
     out.mkdir(parents=True, exist_ok=True)
-    check_same_config(out, cfg)
+    check_same_config(out, cfg, base if own_base else None)
     fleet = JobFleet(base, cfg)
     try:
         library = None
@@ -136,7 +140,7 @@ def run_method_job(
         phases.start("evaluation")
         evaluations = evaluate_models(
             out, models, games, train_eval_episodes, cfg, fleet, library, base_root,
-            heldout_episodes,
+            heldout_episodes, model=base if own_base else None,
         )  # fmt: skip
     finally:
         fleet.close()
@@ -153,12 +157,15 @@ def run_method_job(
 JOB_CONFIG = "job_config.json"  # the config a job folder was started with
 
 
-def check_same_config(out: Path, cfg: SeedConfig) -> None:
-    """Record ``cfg`` in a new job folder; in a folder that holds a job of another config
-    (another method, `--set`, size), a one-line `CommandError` naming what differs, before
-    anything resumes: its finished phases would be reported under the new config."""
+def check_same_config(out: Path, cfg: SeedConfig, model: str | Path | None = None) -> None:
+    """Record ``cfg`` (and ``model``, a pretrained base from outside the job's folders) in a
+    new job folder; in a folder that holds a job of another config (another method, `--set`,
+    size) or model, a one-line `CommandError` naming what differs, before anything resumes:
+    its finished phases would be reported under the new config."""
     path = out / JOB_CONFIG
     mine = json.loads(json.dumps(cfg.to_dict()))  # tuples as lists, as read back
+    if model is not None:
+        mine["base_model"] = str(Path(model).resolve())
     if not path.is_file():
         path.write_text(json.dumps(mine, indent=2) + "\n")
         return
@@ -335,18 +342,20 @@ def evaluate_models(
     library: Path | None = None,
     base_root: Path | None = None,
     heldout_episodes: int = 0,
+    model: str | Path | None = None,
 ) -> dict[str, Any]:
     """Every model (label -> (folder, with the library's skill)): sampled at the rollout
     temperature on the training games (``train_episodes`` per game) and, with
     ``heldout_episodes``, on seen and unseen (that many per game; 0: greedy, one per game);
     the skilled rows with each game's family skill in every prompt (a family the library
     lacks plays without). The base's skill-free evaluation is cached beside it
-    (``base_root``), keyed by the games and episodes, for the jobs that share it."""
+    (``base_root``), keyed by the games and episodes (and ``model``, a user's pretrained
+    base), for the jobs that share it."""
     from megatron_seed.pipeline.evaluate import evaluate_policies
     from megatron_seed.skills.library import SkillLibrary
 
     evaluations = _progress(out).get("evaluate") or {}
-    key = _games_key(games, train_episodes, heldout_episodes, cfg)
+    key = _games_key(games, train_episodes, heldout_episodes, cfg, model)
     cache = base_root / f"eval-{key}.json" if base_root else None
     base_label = BASE_LABEL
     if base_label not in evaluations and cache is not None and cache.is_file():
@@ -396,18 +405,24 @@ def evaluation_draws(
 
 
 def _games_key(
-    games: dict[str, list[str]], episodes: int, heldout: int = 0, cfg: SeedConfig | None = None
+    games: dict[str, list[str]],
+    episodes: int,
+    heldout: int = 0,
+    cfg: SeedConfig | None = None,
+    model: str | Path | None = None,
 ) -> str:
     """A short digest of the evaluation's games and sampled episodes per training and per
     held-out game, and of how episodes are played (``cfg``'s rollout and environment
     sections: `--set rollout.temperature=...` is another evaluation). Without ``cfg``, or
     greedy held-out games, the key is what it was before those entered it, so earlier caches
-    still match."""
+    still match; ``model`` (a pretrained base's folder) enters it too."""
     import hashlib
 
     names = {k: [Path(g).name for g in v] for k, v in sorted(games.items())}
     key = {**names, "episodes": episodes} | ({"heldout": heldout} if heldout else {})
     if cfg is not None:
         key["play"] = {"rollout": cfg.to_dict()["rollout"], "env": cfg.to_dict()["env"]}
+    if model is not None:
+        key["model"] = str(Path(model).resolve())
     text = json.dumps(key)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -43,8 +43,9 @@ WHAT_IT_SHOWS = (
     "What these numbers can conclude: they are one run (one seed), and an interval holds "
     "only the evaluation's sampling noise, so rows whose intervals overlap are not told "
     "apart, and a gap smaller than a method's spread between seeds (11.6 points in the "
-    "quick size's 3-seed runs, docs/results.md) says nothing about one method against "
-    "another: that takes `seed compare` over several seeds."
+    "tiny world's quick size over 3 seeds, docs/results.md; another world or model has its "
+    "own) says nothing about one method against another: that takes `seed compare` over "
+    "several seeds."
 )
 
 

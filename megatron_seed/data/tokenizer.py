@@ -27,6 +27,9 @@ IM_END = "<|im_end|>"
 # Order fixes the ids: <|endoftext|> = 0, <|im_start|> = 1, <|im_end|> = 2.
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 TOKENIZER_CLASS = "TokenizersBackend"
+# what a model folder's tokenizer is made of (the file-name prefixes an export copies; the
+# chat template lives in chat_template.jinja in transformers 5 folders)
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "chat_template")
 
 
 def check_tokenizer(tokenizer: PreTrainedTokenizerFast) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from megatron_seed.data.tokenizer import TOKENIZER_FILES
+
 
 def _unwrap(model: Any) -> Any:
     return getattr(model, "module", model)
@@ -43,7 +45,7 @@ def save_model(
             (out / "hf" / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
             if tokenizer_from is not None:
                 for f in Path(tokenizer_from).iterdir():
-                    if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+                    if f.name.startswith(TOKENIZER_FILES):
                         shutil.copy(f, out / "hf" / f.name)
     _barrier()
     dist_checkpointing.save(_unwrap(model).sharded_state_dict(prefix=""), str(out / "model"))

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from megatron_seed.data.tokenizer import TOKENIZER_FILES
 from megatron_seed.models.qwen import ModelConfigError, QwenSpec
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -575,6 +576,6 @@ def save_hf_checkpoint(
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     if tokenizer_from is not None:
         for f in Path(tokenizer_from).iterdir():
-            if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "generation")):
+            if f.name.startswith((*TOKENIZER_FILES, "generation")):
                 shutil.copy(f, out / f.name)
     return out

@@ -4,7 +4,8 @@ parameter count behind them and `QwenSpec.num_params` (`param_count`).
 
 `SHAPES` is the one table: the launcher sizes jobs from it (through the recipes, which pair
 a shape with a training config), and `seed init-model --shape NAME` writes a random
-checkpoint of any of them (Qwen2.5, Qwen3, Qwen3-MoE, SmolLM2, Llama 3.1).
+checkpoint of any published one (Qwen2.5, Qwen3, Qwen3-MoE, SmolLM2, Llama 3.1; the tiny
+test bed shapes are not).
 """
 
 from __future__ import annotations

@@ -191,12 +191,9 @@ def _model_episodes(args: argparse.Namespace, cfg: Any, tasks: list[str]) -> lis
     )
     skills = None
     if args.skill_library:
-        from megatron_seed.skills.library import LibraryError, load_library
+        from megatron_seed.skills.library import library_flag
 
-        try:
-            library = load_library(args.skill_library)
-        except LibraryError as err:
-            raise CommandError(str(err)) from None
+        library = library_flag(args.skill_library)
         skills = library.for_games(tasks, get_env(cfg.env.name).family, strict=False)
     with RolloutSession(cfg, model) as session:
         session.fleet.reseed(args.seed)

@@ -172,7 +172,7 @@ def _given(changes: dict) -> dict:
 
 def build_job(args: argparse.Namespace):
     """Validate paths and assemble the Stage2Job (fail loud before any compute)."""
-    from megatron_seed.models.checks import validate_hf_dir
+    from megatron_seed.models.checks import checked_tokenizer, validate_hf_dir
     from megatron_seed.pipeline.stage2 import Stage2Job
 
     if not args.model:
@@ -199,17 +199,7 @@ def build_job(args: argparse.Namespace):
     if not launched and args.dp % cfg.parallel.ep:
         raise CommandError(f"parallel.ep={cfg.parallel.ep} must divide the data-parallel size "
                            f"(--dp {args.dp}): the experts are split over DP ranks")  # fmt: skip
-    if not (Path(args.model) / "tokenizer.json").is_file():
-        raise CommandError(f"{args.model} has no tokenizer.json")
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-    except Exception as err:  # tokenizers reports a bad file as a plain Exception
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CommandError(f"{args.model}: unreadable tokenizer ({first})") from None
-    if len(tokenizer) > spec.vocab_size:
-        raise CommandError("the tokenizer has more tokens than the model's vocab_size")
+    checked_tokenizer(args.model, spec)
     try:
         env = get_env(cfg.env.name)
         games = [str(g) for g in env.list_tasks(args.games, None)]

@@ -134,6 +134,18 @@ def load_library(path: str | Path) -> SkillLibrary:
     return SkillLibrary.load(path)
 
 
+def library_flag(path: str | Path) -> SkillLibrary:
+    """``--skill-library PATH`` loaded before any work (`load_library`): a one-line
+    `CommandError` for a missing folder, one without skills, or a file that is not Stage-1
+    annotations."""
+    from megatron_seed.errors import CommandError
+
+    try:
+        return load_library(path)
+    except (LibraryError, OSError) as err:
+        raise CommandError(f"--skill-library: {err}") from None
+
+
 def per_game_library(records: Iterable[TrajectoryRecord]) -> dict[str, str]:
     """The ``stage1_library`` source: per game, the first valid Stage-1 skill, preferring
     one written for a successful episode."""

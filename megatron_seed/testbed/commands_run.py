@@ -13,12 +13,14 @@ Everything goes under one output folder; re-running the same command resumes.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from megatron_seed import recipes
 from megatron_seed.compare.commands import (
+    PRETRAINED_RECIPE,
     add_job_arguments,
     check_skill_library,
     job_settings,
+    named_recipe,
     tiny_world_size,
 )
 from megatron_seed.errors import CommandError, output_dir
@@ -51,12 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="start from this pretrained HF model folder instead of the tiny world's base "
         "policy (e.g. tools/fetch_smollm2.sh's SmolLM2-135M-Instruct); the size still picks "
-        "the games",
+        "the games and evaluation episodes (default folder: runs/default[-SIZE]-MODELNAME)",
     )
     parser.add_argument(
         "--recipe",
         default=None,
-        help="with --model: the recipes.py recipe of Stage 1 and Stage 2 (default pretrained-cpu)",
+        help=f"with --model: the recipes.py recipe of Stage 1 and Stage 2 (default "
+        f"{PRETRAINED_RECIPE})",
     )
 
 
@@ -72,13 +75,12 @@ def run(args: argparse.Namespace) -> int:
     check_skill_library(args.skill_library)
     if args.recipe and not args.model:
         raise CommandError("--recipe is for --model; the tiny world's sizes bring their own")
+    recipe = None
     if args.model:
         validate_base_model(args.model)  # before any game is generated
-        recipe = args.recipe or "pretrained-cpu"
-        if recipe not in recipes.RECIPES:
-            raise CommandError(f"unknown recipe {recipe!r}; known: {', '.join(recipes.RECIPES)}")
+        recipe = named_recipe(args.recipe or PRETRAINED_RECIPE).name
     default = PROFILES[args.env].run_dir + ("" if size == "full" else f"-{size}")
-    default += "-model" if args.model else ""
+    default += f"-{Path(args.model).resolve().name}" if args.model else ""
     out = output_dir(args.out or default)
     run_default_job(
         out,
@@ -92,6 +94,6 @@ def run(args: argparse.Namespace) -> int:
         settings=job_settings(args),
         curve_every=args.curve_every,
         model=args.model,
-        recipe=(args.recipe or "pretrained-cpu") if args.model else None,
+        recipe=recipe,
     )
     return 0

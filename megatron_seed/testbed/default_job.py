@@ -7,7 +7,8 @@ OUT/progress.json and skipped on a rerun; Stage 2 resumes from its own checkpoin
   games    the environment's tasks generated offline: train / seen / unseen (OUT/games, or a
            shared folder; `games/done` marks a finished set)
   base     the tiny base policy (tokenizer + Qwen2, behaviour cloning; cached): the job's
-           training games are among the cloned ones (see `base_policy`)
+           training games are among the cloned ones (see `base_policy`); with `--model`,
+           the user's pretrained model instead (nothing built; the job folder records it)
   collect  Stage 1: K0 rollouts per task of the base policy, no skills
   annotate Stage 1: the environment's oracle analyzer -> skills; invalid ones dropped
   sft      Stage 1: NLL on the skill answers -> theta_sft (actor and analyzer)
@@ -179,7 +180,7 @@ def run_default_job(
         train_eval_episodes=sizing.train_eval_episodes,
         heldout_episodes=sizing.heldout_episodes, facts=facts, base_root=base_root,
         library_dir=library_dir, user_library=user_library, title=profile(env).title,
-        phases=phases, curve_every=curve_every,
+        phases=phases, curve_every=curve_every, own_base=model is not None,
     )  # fmt: skip
 
 

@@ -48,14 +48,17 @@ def test_a_good_model_folder_passes_and_bad_ones_are_one_line(model, tmp_path, c
 
     refused(tmp_path / "nowhere", "is not a directory")
     no_tokenizer = _copy(model, tmp_path / "no-tok", tokenizer=False)
-    refused(no_tokenizer, str(no_tokenizer), "no tokenizer that loads")
+    refused(no_tokenizer, str(no_tokenizer), "has no tokenizer.json")
     from megatron_seed.models.tiny import make_tiny_qwen
 
     small = make_tiny_qwen(tmp_path / "small", model_type="llama", vocab_size=256)
     for f in model.glob("tokenizer*"):  # the ~500-token tokenizer on a 256-token model
         (small / f.name).write_bytes(f.read_bytes())
     capsys.readouterr()  # the checkpoint writer's progress
-    refused(small, "tokens, the model's vocabulary 256")
+    refused(small, "the model's vocabulary 256")
+    broken = _copy(model, tmp_path / "broken")
+    (broken / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nope"}}')
+    refused(broken, "unreadable tokenizer")
     no_chat = _copy(model, tmp_path / "no-chat")
     tok_cfg = json.loads((no_chat / "tokenizer_config.json").read_text())
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -63,7 +66,7 @@ def test_a_good_model_folder_passes_and_bad_ones_are_one_line(model, tmp_path, c
         json.dumps(tok_cfg | {"chat_template": template})
     )
     (no_chat / "chat_template.jinja").unlink(missing_ok=True)
-    refused(no_chat, str(no_chat))
+    refused(no_chat, str(no_chat), "chat template")
     refused_in_one_line(
         capsys, ["run", "--recipe", "default", "--quick"], "--recipe is for --model"
     )
@@ -98,3 +101,38 @@ def test_the_job_starts_from_the_model_with_the_pretrained_recipe(model, tmp_pat
     assert seen["cfg"].rollout.group_size == want.rollout.group_size
     assert seen["facts"]["base_model"] == str(model) and "base_policy" not in seen["facts"]
     assert seen["facts"]["recipe"] == "pretrained-cpu"
+
+
+def test_a_job_folder_and_the_base_cache_belong_to_one_model(model, tmp_path) -> None:
+    """A `--model` job folder records its model and refuses another (its finished phases
+    would be reported under the new one); the base's cached evaluation is keyed by it."""
+    from megatron_seed.compare.job import _games_key, check_same_config
+    from megatron_seed.errors import CommandError
+
+    cfg = recipes.get("pretrained-cpu").config
+    check_same_config(tmp_path, cfg, model)
+    check_same_config(tmp_path, cfg, model)  # a resume
+    with pytest.raises(CommandError, match="base_model differ"):
+        check_same_config(tmp_path, cfg, tmp_path / "another")
+    games = {"train": ["a"], "seen": [], "unseen": []}
+    assert _games_key(games, 4, 0, cfg, model) != _games_key(games, 4, 0, cfg, tmp_path)
+    assert _games_key(games, 4, 0, cfg) == _games_key(games, 4, 0, cfg, None)
+
+
+def test_an_export_keeps_the_models_chat_template(model, tmp_path) -> None:
+    """A transformers-5 folder keeps its chat template in chat_template.jinja (SmolLM2's
+    import does): every export (Stage 1's, Stage 2's, the final) carries it along with the
+    tokenizer, or the trained model would render prompts without the base's system text."""
+    import torch
+
+    from megatron_seed.models.convert import save_hf_checkpoint
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for f in model.iterdir():
+        (source / f.name).write_bytes(f.read_bytes())
+    (source / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    config = json.loads((model / "config.json").read_text())
+    out = save_hf_checkpoint(iter([("w", torch.zeros(1))]), tmp_path / "out", config, source)
+    assert (out / "chat_template.jinja").read_text() == "{{ messages[0]['content'] }}"
+    assert (out / "tokenizer.json").is_file()
