@@ -40,6 +40,7 @@ from typing import Any
 
 from envs.spec import DEFAULT_ENV, ENV_HELP, EnvSpecError, get_env
 from megatron_seed.errors import CommandError, output_file
+from megatron_seed.progress import LiveBar
 
 SCRIPTED = ("expert", "random")
 
@@ -198,7 +199,8 @@ def _model_episodes(args: argparse.Namespace, cfg: Any, tasks: list[str]) -> lis
     with RolloutSession(cfg, model) as session:
         session.fleet.reseed(args.seed)
         tasks_ = session.tasks(tasks, skills)
-        records = session.play(tasks_, args.episodes, sampling, update=-1).records
+        with LiveBar(len(tasks_) * args.episodes, "episodes") as bar:
+            records = session.play(tasks_, args.episodes, sampling, -1, bar.update).records
     return [
         Episode(r.game, r.family, r.won, r.reward, len(r.turns), r.invalid_actions) for r in records
     ]

@@ -16,7 +16,7 @@ for that episode (status `env_error` / `engine_error`; the other episodes go on)
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -168,12 +168,25 @@ class AgentLoop:
 
     # ------------------------------------------------------------ the loop
 
-    def run(self, tasks: list[Task], group_size: int, spec: Any, update: int = 0) -> PlayResult:
-        """Play `group_size` episodes of every task; return one record per episode."""
+    def run(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        spec: Any,
+        update: int = 0,
+        on_done: Callable[[int], None] | None = None,
+    ) -> PlayResult:
+        """Play `group_size` episodes of every task; return one record per episode.
+        ``on_done(n)``: called after each turn with the episodes that turn ended (progress)."""
         episodes = self._start(tasks, group_size, update)
         stats = RolloutStats(episodes=len(episodes))
+        done = sum(ep.done for ep in episodes)
         while live := [ep for ep in episodes if not ep.done]:
             self._turn(live, spec, stats)
+            if on_done is not None:
+                now = sum(ep.done for ep in episodes)
+                on_done(now - done)
+                done = now
         return PlayResult([self._record(ep) for ep in episodes], stats)
 
     def _start(self, tasks: list[Task], group_size: int, update: int) -> list[_Live]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -236,9 +236,16 @@ class RolloutSession:
             seed=seed,
         )
 
-    def play(self, tasks: list[Task], group_size: int, spec: Any, update: int = 0) -> PlayResult:
-        """`group_size` episodes of every task."""
-        return self.loop.run(tasks, group_size, spec, update=update)
+    def play(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        spec: Any,
+        update: int = 0,
+        on_done: Callable[[int], None] | None = None,
+    ) -> PlayResult:
+        """`group_size` episodes of every task (``on_done``: `AgentLoop.run`'s progress)."""
+        return self.loop.run(tasks, group_size, spec, update=update, on_done=on_done)
 
     def play_overlapped(
         self,

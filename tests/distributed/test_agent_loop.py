@@ -57,9 +57,12 @@ def test_expert_engine_wins_and_records_align(pool, tasks, tiny_tokenizer):
         tiny_tokenizer, expert_policy({t.task_id: t.meta["plan"] for t in tasks})
     )
     loop = _loop(engine, pool, tiny_tokenizer)
-    played = loop.run(tasks, group_size=2, spec=None)
+    ended: list[int] = []  # per turn, the episodes it ended (`seed eval`'s progress bar)
+    played = loop.run(tasks, group_size=2, spec=None, on_done=ended.append)
     records, stats = played.records, played.stats
     assert len(records) == 12 and stats.episodes == 12
+    assert sum(ended) == 12 and len(ended) == max(len(r.turns) for r in records)
+    assert ended[len(records[0].turns) - 1] >= 2  # an episode ends on its plan's last step
     assert all(r.won and r.reward == 1.0 and r.status is Status.OK for r in records)
     for r in records:
         assert len(r.turns) == len(r.meta["plan"])
