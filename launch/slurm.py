@@ -103,10 +103,51 @@ def read_profile(path: str) -> dict[str, Any]:
         profile = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"cluster profile {path}: {err}") from None
-    if not isinstance(profile, dict) or not set(profile) <= known:
-        bad = sorted(set(profile) - known) if isinstance(profile, dict) else profile
+    if not isinstance(profile, dict):
+        raise ValueError(f"cluster profile {path}: a JSON object expected, got {profile!r:.60}")
+    if not set(profile) <= known:
+        bad = sorted(set(profile) - known)
         raise ValueError(f"cluster profile {path}: unknown keys {bad}; known: {sorted(known)}")
+    for key, value in profile.items():
+        if (want := _profile_type(key)) and not _is(value, want):
+            raise ValueError(f"cluster profile {path}: {key} must be {want}, got {value!r:.60}")
     return profile
+
+
+# what a profile's value must be, by the type of its `SlurmOptions` field (and node keys)
+_PROFILE_TYPES = {
+    "str": "a string",
+    "str | None": "a string",
+    "int": "an integer",
+    "bool": "true or false",
+    "tuple[str, ...]": "a list of strings",
+    "dict[str, str]": "an object of strings",
+    "node_type": "a string",
+    "host_memory_gib": "a number",
+}
+
+
+def _profile_type(key: str) -> str | None:
+    """What a profile's ``key`` holds, in words (None: not checked)."""
+    import dataclasses
+
+    fields = {f.name: str(f.type) for f in dataclasses.fields(SlurmOptions)}
+    return _PROFILE_TYPES.get(fields.get(key, key))
+
+
+def _is(value: Any, want: str) -> bool:
+    """Whether ``value`` (read from JSON) is ``want`` (`_PROFILE_TYPES`' words)."""
+    if want == "a string":
+        return isinstance(value, str)
+    if want == "an integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if want == "a number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if want == "true or false":
+        return isinstance(value, bool)
+    if want == "a list of strings":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
 
 
 def container_flags(opts: SlurmOptions) -> list[str]:

@@ -873,3 +873,29 @@ def test_seed_launch_slurm_without_sbatch_is_a_one_line_error(
     assert cli.main(argv) == 2
     assert "sbatch not found" in capsys.readouterr().err
     assert not (tmp_path / "experiments").exists()
+
+
+@pytest.mark.parametrize(
+    ("profile", "needle"),
+    [
+        ({"extra_env": "A=1"}, "extra_env must be an object of strings, got 'A=1'"),
+        ({"container_mounts": "/lustre:/lustre"}, "container_mounts must be a list of strings"),
+        ({"ray_port": "6379"}, "ray_port must be an integer"),
+        ({"package_code": "yes"}, "package_code must be true or false"),
+        ({"host_memory_gib": "2 TiB"}, "host_memory_gib must be a number"),
+        (["partition", "gpu"], "a JSON object expected"),
+    ],
+)
+def test_a_cluster_profile_of_the_wrong_types_is_one_line(profile, needle, tmp_path) -> None:
+    """Each value has its field's type before anything is rendered: a mounts string used to
+    be split into characters, an `extra_env` string to reach `dict` and end in a traceback."""
+    import dataclasses
+
+    from launch.slurm import SlurmOptions, _profile_type, read_profile
+
+    assert all(_profile_type(f.name) for f in dataclasses.fields(SlurmOptions))  # none unchecked
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match="cluster profile") as info:
+        read_profile(str(path))
+    assert needle in str(info.value) and "\n" not in str(info.value)
