@@ -432,6 +432,36 @@ def time_table(seconds: dict[str, list[dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
+# compare.json's sections: per method (label) a list of one entry per seed
+PER_METHOD = ("results", "seconds", "skills", "curves", "fixed_curves")
+
+
+def read_comparison(path: Path) -> dict[str, Any]:
+    """A comparison's compare.json (`write_summary`), checked before anything reads it:
+    `FileNotFoundError` if there is none, a one-line `CommandError` naming the file and the
+    field for a cut or malformed one."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no compare.json at {path}")
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CommandError(f"{path}: not a comparison (cut short or not JSON: {err})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("results"), dict):
+        raise CommandError(f"{path}: not a comparison (no results object)")
+    for key in PER_METHOD:
+        section = summary.get(key, {})
+        if not isinstance(section, dict) or not all(
+            isinstance(runs, list) for runs in section.values()
+        ):
+            raise CommandError(f"{path}: {key} must map each method to a list of its seeds' runs")
+    if not all(isinstance(r, dict) for runs in summary["results"].values() for r in runs):
+        raise CommandError(f"{path}: results must hold one object per run")
+    for key in ("seeds", "settings"):
+        if not isinstance(summary.get(key, []), list):
+            raise CommandError(f"{path}: {key} must be a list")
+    return summary
+
+
 def merge_summaries(paths: list[Path]) -> dict[str, Any]:
     """One summary from the compare.json of several comparisons: per method the runs of
     every input, in input order (a method an input lacks has fewer runs); seeds likewise.
@@ -442,10 +472,8 @@ def merge_summaries(paths: list[Path]) -> dict[str, Any]:
     }  # fmt: skip
     for path in paths:
         file = path / "compare.json" if path.is_dir() else path
-        if not file.is_file():
-            raise FileNotFoundError(f"no compare.json at {path}")
-        summary = json.loads(file.read_text())
-        for key in ("results", "seconds", "skills", "curves", "fixed_curves"):
+        summary = read_comparison(file if file.is_file() else path)
+        for key in PER_METHOD:
             for label, runs in summary.get(key, {}).items():
                 merged[key].setdefault(label, []).extend(runs)
         merged["seeds"].extend(summary.get("seeds", []))
