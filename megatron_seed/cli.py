@@ -13,6 +13,7 @@ import argparse
 import importlib
 import inspect
 import sys
+from pathlib import Path
 from typing import Any
 
 from megatron_seed.errors import CommandError
@@ -129,6 +130,45 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # unreadable input, an output path that cannot be written
         print(f"seed {name}: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # an input no check caught first, or a defect
+        first = (str(err).splitlines() or [""])[0]
+        if input_error(err):
+            print(f"seed {name}: error: {first}", file=sys.stderr)
+            return 2
+        log = crash_log(name, argv)
+        print(
+            f"seed {name}: error: {type(err).__name__}: {first} (traceback: {log})",
+            file=sys.stderr,
+        )
+        return 1
+
+
+# packages whose ValueError subclasses are input errors (`input_error`)
+PROJECT_PACKAGES = ("envs", "megatron_seed", "launch")
+
+
+def input_error(err: BaseException) -> bool:
+    """Whether ``err`` is one of the project's own input errors: a `ValueError` subclass
+    defined in its packages (`RetrieverError`, `GGUFError`, `LibraryError`, `ModelConfigError`,
+    ...), raised with a one-line message that names the file and what is wrong in it."""
+    defined_in = type(err).__module__.split(".")[0]
+    return isinstance(err, ValueError) and defined_in in PROJECT_PACKAGES
+
+
+def crash_log(name: str, argv: list[str]) -> Path:
+    """Write the exception being handled, with its traceback, to a new file; its path. The
+    folder is $SEED_ERROR_DIR, else the temporary folder's megatron-seed-errors/."""
+    import os
+    import tempfile
+    import time
+    import traceback
+
+    given = os.environ.get("SEED_ERROR_DIR")
+    folder = Path(given) if given else Path(tempfile.gettempdir()) / "megatron-seed-errors"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"seed-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    path.write_text(f"seed {' '.join(argv)}\n\n{traceback.format_exc()}")
+    return path
 
 
 if __name__ == "__main__":

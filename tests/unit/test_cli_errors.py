@@ -5,6 +5,7 @@ computed and nothing is written first."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,38 @@ def test_bad_input_table(argv, needle, model, alfworld_games, tmp_path, capsys, 
 
 def test_the_table_covers_every_command() -> None:
     assert {name.split(":")[0] for name, _, _ in BAD} == set(cli.COMMANDS)
+
+
+def test_an_input_error_deep_in_an_environment_is_one_line(tmp_path, capsys):
+    """A search corpus cut mid-record is found where the retriever reads it, far below the
+    command: its `RetrieverError` (an input error of the project's) is one line, exit 2."""
+    from envs.spec import get_env
+
+    games = tmp_path / "games"
+    get_env("search").generate_tasks(games, "train", 2, 0)
+    corpus = games / "corpus.jsonl"
+    corpus.write_bytes(corpus.read_bytes()[: corpus.stat().st_size // 2])
+    for index in games.glob("corpus.jsonl.*"):  # a cached index would hide the cut
+        shutil.rmtree(index) if index.is_dir() else index.unlink()
+    _fails(capsys, ["eval", "--env", "search", "--games", str(games), "--policy", "expert"],
+           "corpus.jsonl:", "not JSON")  # fmt: skip
+
+
+def test_a_defect_is_one_line_with_the_path_of_its_traceback(tmp_path, capsys, monkeypatch):
+    """Anything else a command raises is printed as one line naming the exception and the
+    file that holds its traceback; the exit code (1) tells it from an input error (2)."""
+    import megatron_seed.pipeline.commands_eval as command
+
+    def broken(args):
+        raise RuntimeError("the step table is empty\nsecond line")
+
+    monkeypatch.setattr(command, "run", broken)
+    monkeypatch.setenv("SEED_ERROR_DIR", str(tmp_path / "errors"))
+    assert cli.main(["eval", "--games", str(tmp_path), "--policy", "expert"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("seed eval: error: RuntimeError: the step table is empty (traceback: ")
+    (log,) = (tmp_path / "errors").iterdir()
+    assert str(log) in err
+    text = log.read_text()
+    assert text.startswith("seed eval --games") and "Traceback" in text and "broken" in text
