@@ -31,7 +31,7 @@ states only what differs from the paper's defaults, and why) for one method, see
 environment. The environment (`--env`: alfworld, search, sokoban, webshop) brings its
 rollout budgets (under the recipe) and, from `testbed.profiles`, its sizes and the tiny
 policy's limits. ALFWorld's sizes: FULL (all six families, 16 training games, a base cloned
-on 200 games), QUICK (Pick only, 6 training games, a base cloned on those 6 games alone: too
+on those 16 games until it wins some of them), QUICK (Pick only, 6 training games, a base cloned on those 6 games alone: too
 little compute for it to play unseen games) and EVIDENCE (QUICK with 24 training games, all
 cloned, and 24 seen and 24 unseen games sampled 4 times each).
 """

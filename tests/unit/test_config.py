@@ -119,7 +119,7 @@ def test_recipes_resolve_for_train_and_run() -> None:
     assert {"tiny", "default", "default-quick", "qwen2.5-7b"} <= set(recipes.RECIPES)
     quick, full = recipes.get("default-quick").config, recipes.get("default").config
     assert (quick.updates, quick.rollout.tasks_per_update) == (12, 2)
-    assert (full.updates, full.rollout.tasks_per_update) == (24, 4)
+    assert (full.updates, full.rollout.tasks_per_update) == (48, 4)
     # the two sizes differ only in their budget
     budget = {"updates": 0, "collect_rollouts_per_task": 1, "rollout": {"tasks_per_update": 1}}
     assert quick.with_changes(budget) == full.with_changes(budget)
