@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -164,11 +165,15 @@ class TrajectoryRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrajectoryRecord:
-        """Inverse of `to_dict`; unknown keys and other schemas are an error."""
+        """Inverse of `to_dict`: every field of its declared type (checked by pydantic against
+        the dataclasses' annotations); unknown keys and other schemas are an error."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a record is a JSON object, got {type(data).__name__}")
         if data.get("schema", 1) != SCHEMA:
             raise ValueError(
                 f"record schema {data.get('schema', 1)} is not the current {SCHEMA}; re-collect it"
             )
+        _check_types(cls, data)
         return _strict(cls, data)
 
     def to_json(self) -> str:
@@ -179,6 +184,30 @@ class TrajectoryRecord:
     def from_json(cls, line: str) -> TrajectoryRecord:
         """Inverse of `to_json`."""
         return cls.from_dict(json.loads(line))
+
+
+def _check_types(cls: type, data: dict[str, Any]) -> None:
+    """Raise ValueError naming the first field of ``data`` that is not of its type in ``cls``
+    (nested records included)."""
+    import pydantic
+
+    try:
+        _adapter(cls).validate_python(data)
+    except pydantic.ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"field {where}: {first['msg']}, got {first['input']!r:.60}") from None
+
+
+@functools.cache
+def _adapter(cls: type) -> Any:
+    import pydantic
+
+    return pydantic.TypeAdapter(cls)
+
+
+class RecordsError(ValueError):
+    """A file of trajectory records that cannot be read: names the file and the line."""
 
 
 def _strict(cls: type, data: dict[str, Any]) -> Any:
@@ -198,8 +227,18 @@ def write_jsonl(records: Iterable[TrajectoryRecord], path: str | Path) -> None:
 
 
 def read_jsonl(path: str | Path) -> Iterator[TrajectoryRecord]:
-    """Records from a JSONL file (blank lines skipped)."""
+    """Records from a JSONL file (blank lines skipped); `RecordsError` naming the file and the
+    line that is not a record (not JSON, cut short, a field of another type)."""
     with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield TrajectoryRecord.from_json(line)
+        try:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield TrajectoryRecord.from_json(line)
+                    except (ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
+                        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                        raise RecordsError(
+                            f"{path}: line {number} is not a trajectory record ({reason})"
+                        ) from None
+        except UnicodeDecodeError:
+            raise RecordsError(f"{path}: not a text file of trajectory records") from None

@@ -2,26 +2,177 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
+
+import pydantic
 
 from megatron_seed.errors import CommandError
 from megatron_seed.models.qwen import ModelConfigError, QwenSpec
 
 
 def validate_hf_dir(path: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> QwenSpec:
-    """Check a HF checkpoint folder and the requested layout; raise CommandError (one line)."""
+    """Check a HF checkpoint folder (what `seed convert` and `seed check-parity` read) and the
+    requested layout: every JSON member an object (`check_json_members`) with its fields'
+    types (`check_config_types`, `check_member_schemas`), the weights' headers readable and
+    matching the config, and a tokenizer, where the folder has one, loadable with ids within
+    the vocabulary. `CommandError` (one line) naming the file."""
+    return _checked_folder(path, tp, pp, ep, needs_tokenizer=False)[0]
+
+
+def validate_policy_dir(path: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> QwenSpec:
+    """`validate_hf_dir` for a folder a policy is played or trained from (`seed eval`, `seed
+    sft`, `seed train`): its tokenizer is required (tokenizer.json, tokenizer_config.json)."""
+    return _checked_folder(path, tp, pp, ep, needs_tokenizer=True)[0]
+
+
+def _checked_folder(
+    path: str | Path, tp: int = 1, pp: int = 1, ep: int = 1, needs_tokenizer: bool = True
+) -> tuple[QwenSpec, Any]:
+    """`validate_hf_dir`'s checks; (the model's spec, its tokenizer or None)."""
     from megatron_seed.models.convert import HFCheckpoint
 
     p = Path(path)
     if not p.is_dir():
         raise CommandError(f"{p} is not a directory")
+    check_json_members(p)
+    check_member_schemas(p)
     try:
         ckpt = HFCheckpoint(p)
+        check_config_types(p / "config.json")
         ckpt.spec.check_layout(tp, pp, ep)
     except ModelConfigError as err:
         raise CommandError(str(err)) from None
-    return ckpt.spec
+    if not (p / "tokenizer.json").is_file():
+        if not needs_tokenizer:
+            return ckpt.spec, None
+        raise CommandError(f"{p} has no tokenizer.json")
+    if not (p / "tokenizer_config.json").is_file():  # save_pretrained always writes one
+        raise CommandError(f"{p} has no tokenizer_config.json")
+    return ckpt.spec, checked_tokenizer(p, ckpt.spec)
+
+
+def check_json_members(folder: Path) -> None:
+    """Every ``*.json`` file of a model folder parses and holds a JSON object; `CommandError`
+    naming the first that does not (a file cut short, emptied, or another JSON type)."""
+    import json
+
+    for member in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(member.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CommandError(f"{member} is not valid JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise CommandError(f"{member}: a JSON object expected, got {type(data).__name__}")
+
+
+def check_config_types(config_path: Path) -> None:
+    """config.json's fields of the types transformers declares for them: its own loader
+    (`AutoConfig.from_pretrained`, strict about the model class's fields) and the base class's
+    annotations (``architectures``, ``dtype``, ...), checked with pydantic; `ModelConfigError`
+    naming the file and the field."""
+    import json
+    import typing
+
+    import pydantic
+    import torch
+    import transformers.configuration_utils as configuration
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(str(config_path.parent))
+    except Exception as err:  # StrictDataclassFieldValidationError, ValueError, KeyError
+        reason = " ".join(str(err).split())[:160] or type(err).__name__
+        raise ModelConfigError(f"{config_path}: {reason}") from None
+    hints = typing.get_type_hints(
+        configuration.PreTrainedConfig, globalns=vars(configuration), localns={"torch": torch}
+    )
+    data = json.loads(config_path.read_text())
+    for key, hint in hints.items():
+        if key in data and typing.get_origin(hint) is not typing.ClassVar:
+            try:
+                pydantic.TypeAdapter(
+                    hint, config={"arbitrary_types_allowed": True}
+                ).validate_python(data[key], strict=True)
+            except pydantic.ValidationError:
+                raise ModelConfigError(
+                    f"{config_path}: {key} is {data[key]!r:.40}, transformers declares {hint}"
+                ) from None
+
+
+class _GenerationConfig(pydantic.BaseModel):
+    """generation_config.json's fields that transformers and vLLM read (defaults of sampling,
+    the stop ids); the rest pass unchecked."""
+
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)
+    from_model_config: bool | None = pydantic.Field(None, alias="_from_model_config")
+    transformers_version: str | None = None
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    max_length: int | None = None
+    max_new_tokens: int | None = None
+    bos_token_id: int | list[int] | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | list[int] | None = None
+    use_cache: bool | None = None
+    output_attentions: bool | None = None
+    output_hidden_states: bool | None = None
+
+
+_Token = str | dict[str, typing.Any] | None
+
+
+class _TokenizerConfig(pydantic.BaseModel):
+    """tokenizer_config.json's fields that transformers' tokenizers read; the rest pass."""
+
+    model_config = pydantic.ConfigDict(extra="allow", strict=True)
+    tokenizer_class: str | None = None
+    backend: str | None = None
+    model_max_length: int | float | None = None
+    padding_side: str | None = None
+    truncation_side: str | None = None
+    chat_template: str | list[dict[str, typing.Any]] | None = None
+    bos_token: _Token = None
+    eos_token: _Token = None
+    pad_token: _Token = None
+    unk_token: _Token = None
+    added_tokens_decoder: dict[str, dict[str, typing.Any]] | None = None
+    additional_special_tokens: list[typing.Any] | None = None
+    extra_special_tokens: list[typing.Any] | dict[str, typing.Any] | None = None
+    clean_up_tokenization_spaces: bool | None = None
+    add_bos_token: bool | None = None
+    add_eos_token: bool | None = None
+    add_prefix_space: bool | None = None
+    split_special_tokens: bool | None = None
+    legacy: bool | None = None
+    errors: str | None = None
+
+
+_SCHEMAS = {"generation_config.json": _GenerationConfig, "tokenizer_config.json": _TokenizerConfig}
+
+
+def check_member_schemas(folder: Path) -> None:
+    """generation_config.json and tokenizer_config.json, where present, hold their fields'
+    types (`_GenerationConfig`, `_TokenizerConfig`); `CommandError` naming file and field."""
+    import json
+
+    for name, schema in _SCHEMAS.items():
+        member = folder / name
+        if not member.is_file():
+            continue
+        try:
+            schema.model_validate(json.loads(member.read_text()))
+        except pydantic.ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise CommandError(
+                f"{member}: {field} is {first['input']!r:.40} ({first['msg']})"
+            ) from None
 
 
 def checked_tokenizer(path: str | Path, spec: QwenSpec) -> Any:
@@ -53,8 +204,7 @@ def validate_base_model(path: str | Path) -> QwenSpec:
     naming what is wrong."""
     from megatron_seed.data import check_chat_template, check_tokenizer
 
-    spec = validate_hf_dir(path)
-    tokenizer = checked_tokenizer(path, spec)
+    spec, tokenizer = _checked_folder(path, needs_tokenizer=True)
     try:
         check_tokenizer(tokenizer)
         check_chat_template(tokenizer)

@@ -178,14 +178,22 @@ def eval_config(args: argparse.Namespace, env: str) -> Any:
     return cfg
 
 
+def _check_model(policy: str) -> None:
+    """``--policy``, when not a scripted player: a model folder that `validate_base_model`
+    accepts (checkpoint, tokenizer, chat template)."""
+    from megatron_seed.models.checks import validate_base_model
+
+    if not Path(policy).exists():
+        raise CommandError(f"--policy {policy}: not expert, random or a model folder")
+    validate_base_model(policy)
+
+
 def _model_episodes(args: argparse.Namespace, cfg: Any, tasks: list[str]) -> list[Episode]:
     """The model's episodes through the rollout fleet (as training plays them)."""
     from megatron_seed.rollout.engine import SamplingSpec
     from megatron_seed.rollout.session import RolloutSession
 
     model = Path(args.policy)
-    if not (model / "config.json").is_file():
-        raise CommandError(f"--policy {args.policy}: not expert, random or a model folder")
     temperature = 0.0 if args.temperature is None else args.temperature
     sampling = SamplingSpec(
         temperature=temperature, max_tokens=cfg.rollout.max_response_tokens, seed=args.seed
@@ -252,10 +260,16 @@ def run(args: argparse.Namespace) -> int:
     if not tasks:
         raise CommandError(f"no {spec.name} tasks under {args.games}")
     cfg = eval_config(args, spec.name)
+    if args.policy in SCRIPTED and args.skill_library:
+        raise CommandError("--skill-library is for a model policy, not expert or random")
+    if args.policy not in SCRIPTED:  # the model and its skills are checked before any play
+        _check_model(args.policy)
+        if args.skill_library:
+            from megatron_seed.skills.library import library_flag
+
+            library_flag(args.skill_library)
     start = time.perf_counter()
     if args.policy in SCRIPTED:
-        if args.skill_library:
-            raise CommandError("--skill-library is for a model policy, not expert or random")
         choose = scripted_policy(spec, args.policy, args.seed)
         episodes = play_scripted(spec, tasks, choose, args.episodes, cfg.rollout.max_steps)
     else:

@@ -60,23 +60,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _load(path: str, limit: int | None) -> list[TrajectoryRecord]:
     if not Path(path).is_file():
         raise CommandError(f"no trajectory file {path}")
-    try:
-        records = list(read_jsonl(path))
-    except (ValueError, TypeError, KeyError) as err:
-        raise CommandError(f"{path} is not a file of trajectory records: {err}") from err
+    records = list(read_jsonl(path))  # a line that is no record: one line naming it
     records = records[:limit] if limit is not None else records
     if not records:
         raise CommandError(f"{path} holds no trajectory records")
     return records
 
 
-def _oracle(records: list[TrajectoryRecord]) -> Any:
+def _oracle(records: list[TrajectoryRecord], path: str) -> Any:
     """The oracle analyzer of the records' environment (one environment per file)."""
     from envs.spec import EnvSpecError, get_env
 
     names = sorted({r.env for r in records})
     if len(names) != 1 or not names[0]:
-        raise CommandError(f"--embedded needs records of one named environment, got {names}")
+        raise CommandError(
+            f"{path}: --embedded needs records of one named environment, got {names}"
+        )
     try:
         env = get_env(names[0])
     except EnvSpecError as err:
@@ -94,7 +93,7 @@ def _analyzer(
     if args.embedded:
         if args.base_url or args.model:
             raise CommandError("--embedded takes no --base-url/--model")
-        return _oracle(records), None
+        return _oracle(records, args.inp), None
     if not args.base_url or not args.model:
         raise CommandError(
             "give --base-url and --model (an OpenAI-compatible endpoint), or --embedded"

@@ -79,7 +79,7 @@ def test_unreadable_records_and_unknown_names(model: Path, tmp_path: Path, capsy
     _fails(
         capsys,
         ["annotate", "--in", str(bad), "--out", str(tmp_path / "a"), "--embedded"],
-        "not a file of trajectory records",
+        "line 1 is not a trajectory record",
     )
     old = tmp_path / "old.jsonl"  # a record of the first schema (rendered prompts only)
     old.write_text(
@@ -133,12 +133,12 @@ BAD = [
     (
         "train: truncated tokenizer.json",
         lambda m, g, t: ["train", *_job(_cut(m, t, "tokenizer.json"), g, t)],
-        "unreadable tokenizer",
+        "tokenizer.json is not valid JSON",
     ),
     (
         "train: replay data that is not records",
         lambda m, g, t: ["train", *_job(m, g, t), "--replay-data", str(_text(t, "{'x'"))],
-        "not a file of trajectory records",
+        "line 1 is not a trajectory record",
     ),
     (
         "train: missing replay data",
@@ -234,7 +234,7 @@ BAD = [
     (
         "annotate: records that are not JSON",
         lambda m, g, t: ["annotate", "--in", str(_text(t, "not json")), *_out(t), "--embedded"],
-        "not a file of trajectory records",
+        "line 1 is not a trajectory record",
     ),
     (
         "launch: a job without its paths",

@@ -116,41 +116,6 @@ def test_merged_comparisons_pool_each_methods_seeds(tmp_path):
         merge_summaries([tmp_path / "nothing"])
 
 
-def _corruptions(good: str) -> list[tuple[str, str]]:
-    """Bad variants of a good compare.json, derived from it: cut at several offsets, emptied,
-    another JSON type at the top, and each section's value replaced by a wrong type."""
-    import json
-
-    data = json.loads(good)
-    out = [(f"cut at {n}", good[:n]) for n in (1, len(good) // 3, len(good) // 2, len(good) - 2)]
-    out += [("empty", ""), ("a list", "[1, 2]"), ("a string", '"results"')]
-    wrong = {"results": [1], "seconds": "x", "curves": {"SEED": 1}, "seeds": 5, "settings": {}}
-    for key, value in wrong.items():
-        out.append((f"{key}: {value!r}", json.dumps({**data, key: value})))
-    out.append(("a run that is no object", json.dumps({**data, "results": {"SEED": [3]}})))
-    return out
-
-
-def test_a_bad_comparison_file_is_one_line_and_writes_nothing(tmp_path, capsys):
-    """`seed compare --merge` of a compare.json cut short, of the wrong JSON type, or with a
-    section of the wrong type: exit 2, one line naming the file, no traceback, nothing at
-    --out (the merge read it with a bare json.loads: JSONDecodeError, AttributeError)."""
-    import json
-
-    from tests.cli_checks import refused_in_one_line
-
-    good = {"results": {"SEED": [{"train": {"macro_avg": 0.5}}]}, "seconds": {}, "skills": {}}
-    good |= {"curves": {"SEED": [[0.5]]}, "seeds": [0], "settings": []}
-    for i, (what, text) in enumerate(_corruptions(json.dumps(good))):
-        folder = tmp_path / f"in{i}"
-        folder.mkdir()
-        (folder / "compare.json").write_text(text)
-        out = tmp_path / f"out{i}"
-        argv = ["compare", "--merge", str(folder), "--out", str(out)]
-        assert str(folder) in refused_in_one_line(capsys, argv), what
-        assert not out.exists(), what
-
-
 def test_compare_runs_a_named_model_recipe_and_environment(
     tmp_path, monkeypatch, tiny_tokenizer, capsys
 ):

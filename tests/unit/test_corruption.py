@@ -1,0 +1,205 @@
+"""The generated corruption test: for each kind of input a command reads, bad variants are
+derived from a good one (`tests/corruption.py`: cut short, emptied, another JSON type at the
+top or in a field, a member missing, another kind of file in its place) and every command
+that reads that kind is run on each. Each must be refused as a bad input is: exit 2, at most
+three lines, no traceback, the bad file or folder named, nothing left at ``--out``, within
+30 s.
+Commands stop at their first check, so every variant runs (a few seconds for all of them)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from megatron_seed import cli
+from tests.corruption import Writer, folder_variants, json_variants, jsonl_variants, writes
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
+    """One good input of every kind, the bad ones' siblings."""
+    from megatron_seed.data import Analysis, TrajectoryRecord, Turn, write_jsonl
+    from megatron_seed.models.tiny import make_tiny_policy
+    from megatron_seed.models.tiny_tokenizer import build_tokenizer
+
+    root = tmp_path_factory.mktemp("corruption")
+    tok = build_tokenizer(["put a mug in the desk, then look around"] * 4, 300)
+    model = make_tiny_policy(root / "model", tok, hidden_size=64, heads=2, kv_heads=1)
+    turn = Turn(
+        "Your task is to: put a mug in desk.", "<action>look</action>", [5, 6], [-0.5, -0.2]
+    )
+    skill = "look first, then take the mug to the desk"
+    records = [
+        TrajectoryRecord(task_id=f"t{i}", group_id="u0/t", game="g", family="pick", turns=[turn],
+                         reward=float(i), won=bool(i), skill=skill, env="alfworld",
+                         analysis=Analysis(trajectory_id=f"t{i}", valid=True, summary=skill))
+        for i in range(2)
+    ]  # fmt: skip
+    write_jsonl(records, root / "records.jsonl")
+    (root / "config.json").write_text(
+        json.dumps({"optim": {"lr": 1e-4}, "rollout": {"group_size": 4}, "updates": 2})
+    )
+    library = root / "library"
+    library.mkdir()
+    # one skill for every family: without it, a library covers no family of any job
+    (library / "general.md").write_text("Look before you act; take the object you need.\n")
+    comparison = {"results": {"SEED": [{"train": {"macro_avg": 0.5}}]}, "seconds": {}}
+    comparison |= {"skills": {}, "curves": {"SEED": [[0.5]]}, "seeds": [0], "settings": []}
+    (root / "compare.json").write_text(json.dumps(comparison))
+    (root / "cluster.json").write_text(
+        json.dumps({"partition": "gpu", "nccl_socket_ifname": "ib0", "nccl_timeout_s": 600})
+    )
+    return {"model": model, "games": alfworld_games, "records": root / "records.jsonl",
+            "config": root / "config.json", "library": library,
+            "cluster": root / "cluster.json", "comparison": root / "compare.json"}  # fmt: skip
+
+
+def _train(g: dict[str, Path], out: Path) -> str:
+    return f"train --model {g['model']} --games {g['games'] / 'train'} --out {out}"
+
+
+# each reader as a command line (paths here hold no spaces), split into argv by `_argv`
+READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
+    # a checkpoint's weights and config (a tokenizer, where there is one, is checked too)
+    "checkpoint folder": {
+        "check-parity": lambda bad, g, out: f"check-parity --hf {bad}",
+        "convert": lambda bad, g, out: f"convert hf-to-megatron --hf {bad} --out {out}",
+    },
+    # a model a policy plays or trains from: its tokenizer is required
+    "model folder": {
+        "eval": lambda bad, g, out: f"eval --games {g['games']} --policy {bad} --out {out}",
+        "train": lambda bad, g, out: _train({**g, "model": bad}, out),
+        "sft": lambda bad, g, out: f"sft --data {g['records']} --model {bad} --out {out}",
+        "run": lambda bad, g, out: f"run --model {bad} --out {out}",
+        "compare": lambda bad, g, out: f"compare --model {bad} --games {g['games']} --out {out}",
+    },
+    "config json": {
+        "train": lambda bad, g, out: f"{_train(g, out)} --config-json {bad}",
+        "eval": lambda bad, g, out: (
+            f"eval --games {g['games']} --policy expert --config-json {bad} --out {out}"
+        ),
+    },
+    "records": {
+        "annotate": lambda bad, g, out: f"annotate --in {bad} --out {out} --embedded",
+        "sft": lambda bad, g, out: f"sft --data {bad} --model {g['model']} --out {out}",
+        "train": lambda bad, g, out: f"{_train(g, out)} --replay-data {bad}",
+    },
+    "skill library": {
+        "train": lambda bad, g, out: f"{_train(g, out)} --method skill-grpo --skill-library {bad}",
+        "eval": lambda bad, g, out: (
+            f"eval --games {g['games']} --policy {g['model']} --skill-library {bad} --out {out}"
+        ),
+        "run": lambda bad,
+        g,
+        out: f"run --quick --algo skill-grpo --skill-library {bad} --out {out}",
+    },
+    "comparison": {"compare": lambda bad, g, out: f"compare --merge {bad.parent} --out {out}"},
+    "cluster profile": {
+        "launch": lambda bad, g, out: (
+            f"launch qwen2.5-7b --executor slurm --nodes 2 --dryrun --job-dir {out} "
+            f"--cluster-profile {bad} --model /m --games /g --out {out}"
+        ),
+    },
+}
+
+
+# what transformers' save_pretrained writes besides the required config, weights and
+# tokenizer files, and a model may lack: its generation defaults, its chat template
+MODEL_OPTIONAL = ("generation_config.json", "chat_template.jinja", "special_tokens_map.json")
+# a checkpoint converted or checked needs no tokenizer
+CHECKPOINT_OPTIONAL = (*MODEL_OPTIONAL, "tokenizer.json", "tokenizer_config.json")
+
+
+def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
+    if kind == "model folder":
+        return list(folder_variants(g["model"], optional=MODEL_OPTIONAL))
+    if kind == "checkpoint folder":
+        return list(folder_variants(g["model"], optional=CHECKPOINT_OPTIONAL))
+    if kind == "config json":
+        return list(json_variants(g["config"].read_text()))
+    if kind == "records":
+        return list(jsonl_variants(g["records"].read_text()))
+    if kind == "skill library":
+        return list(folder_variants(g["library"]))
+    if kind == "comparison":  # and a run inside it that is no object
+        nested = json.loads(g["comparison"].read_text()) | {"results": {"SEED": [3]}}
+        return [*json_variants(g["comparison"].read_text()),
+                ("a run that is no object", writes(json.dumps(nested)))]  # fmt: skip
+    assert kind == "cluster profile"
+    return list(json_variants(g["cluster"].read_text()))
+
+
+def _refused(capsys, argv: list[str], bad: Path, out: Path) -> str | None:
+    """Why ``seed ARGV`` was not refused as a bad input naming ``bad`` (None: it was)."""
+    start = time.monotonic()
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    seconds = time.monotonic() - start
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    if code != 2:
+        return f"exit {code}: {' | '.join(lines)[:300]}"
+    if len(lines) > 3 or "Traceback" in err:
+        return f"{len(lines)} lines: {err[:300]}"
+    if bad.name not in err:
+        return f"does not name {bad.name}: {err.strip()[:300]}"
+    if out.exists():
+        return f"left {out} behind"
+    if seconds > 30:
+        return f"took {seconds:.0f} s"
+    return None
+
+
+# where each command's work begins, after its checks: reaching one with a bad input is a
+# failure (the command would have spent minutes on it), reported as the crash it becomes
+WORK = [
+    ("megatron_seed.models.parallel", "spawn"),  # train, convert
+    ("megatron_seed.pipeline.stage1", "run_sft"),
+    ("megatron_seed.models.parity", "check_parity"),
+    ("megatron_seed.pipeline.commands_eval", "_model_episodes"),
+    ("megatron_seed.pipeline.commands_eval", "play_scripted"),
+    ("megatron_seed.skills.parse", "analyze_with_retries"),
+    ("megatron_seed.testbed.default_job", "run_default_job"),
+    ("megatron_seed.compare.commands", "run_method_job"),
+]
+
+
+def _work_started(*args, **kwargs):
+    raise RuntimeError("work started on a bad input")
+
+
+@pytest.mark.parametrize("kind", list(READERS))
+def test_every_reader_refuses_every_corruption(kind, good, tmp_path, capsys, monkeypatch):
+    import importlib
+
+    for key in ("SEED_MODEL_DIR", "SEED_GAMES_DIR", "SEED_OUT_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    for module, name in WORK:
+        monkeypatch.setattr(importlib.import_module(module), name, _work_started)
+    monkeypatch.setenv("SEED_ERROR_DIR", str(tmp_path / "errors"))
+    failures = []
+    variants = _variants(kind, good)
+    suffix = good_suffix(kind, good)
+    for i, (what, write) in enumerate(variants):
+        for command, argv in READERS[kind].items():
+            name = "compare.json" if kind == "comparison" else f"input{suffix}"
+            bad = tmp_path / f"bad{i}-{command}" / name
+            write(bad)
+            out = tmp_path / f"out{i}-{command}"
+            why = _refused(capsys, argv(bad, good, out).split(), bad, out)
+            if why:
+                failures.append(f"{command} <- {what}: {why}")
+    total = len(variants) * len(READERS[kind])
+    assert not failures, f"{len(failures)} of {total}:\n" + "\n".join(failures)
+
+
+def good_suffix(kind: str, g: dict[str, Path]) -> str:
+    """The bad input's file suffix: its good sibling's (``.json``, ``.jsonl``; folders none)."""
+    source = {"config json": "config", "records": "records", "cluster profile": "cluster"}
+    return g[source[kind]].suffix if kind in source else ""
