@@ -181,6 +181,18 @@ def _worker(
     finally:
         with contextlib.suppress(Exception):
             destroy_parallel()
+        _stop_own_ray()
+
+
+def _stop_own_ray() -> None:
+    """Shut down the Ray this rank started or joined (Stage 2's rollout session on rank 0).
+    A spawned rank leaves through `os._exit`, so Ray's own exit hook never runs: without
+    this, a Ray cluster the rank started loses its raylet abruptly and leaves its dashboard
+    and runtime-env agents running, orphaned."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        with contextlib.suppress(Exception):
+            ray.shutdown()
 
 
 def spawn(fn: Callable, world_size: int, *args: Any) -> list[Any]:

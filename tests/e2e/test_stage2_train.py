@@ -23,11 +23,40 @@ def _train(root, out, *extra):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
 
 
+# the processes a Ray cluster runs besides its workers (the agents retitle themselves)
+RAY_DAEMONS = ("gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "log_monitor")
+
+
+def ray_daemons() -> set[int]:
+    """Process ids of every Ray daemon on this machine."""
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        line = " ".join(proc.info["cmdline"] or ())
+        if any(name in line for name in RAY_DAEMONS):
+            found.add(proc.info["pid"])
+    return found
+
+
+def left_behind(before: set[int], grace_s: float = 10.0) -> set[int]:
+    """Ray daemons started since ``before`` that are still alive ``grace_s`` seconds on."""
+    import time
+
+    deadline = time.monotonic() + grace_s
+    while (new := ray_daemons() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return new
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_world, tmp_path_factory):
-    """An uninterrupted 2-update run: (its output folder, the finished process)."""
+    """An uninterrupted 2-update run: (its output folder, the finished process, the Ray
+    daemons it left running)."""
     out = tmp_path_factory.mktemp("stage2") / "out"
-    return out, _train(tiny_world, out, "--updates", "2")
+    before = ray_daemons()
+    proc = _train(tiny_world, out, "--updates", "2")
+    return out, proc, left_behind(before)
 
 
 def _rows(out) -> list[dict]:
@@ -36,8 +65,9 @@ def _rows(out) -> list[dict]:
 
 
 def test_seed_train_two_updates(reference):
-    out, proc = reference
+    out, proc, orphans = reference
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not orphans, f"Ray daemons outlived seed train: {sorted(orphans)}"
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -93,11 +123,12 @@ def test_sigterm_checkpoints_and_the_resumed_run_continues_exactly(tiny_world, r
     import signal
     import time
 
-    root, (done_dir, _) = tiny_world, reference
+    root, (done_dir, _, _) = tiny_world, reference
     want_path = done_dir / "trajectories" / "update_00001.jsonl"
     assert want_path.is_file(), "the uninterrupted run did not finish"
     out = tmp_path / "preempted"
     cmd = train_command(root, out, CONFIG, "--updates", "2")
+    before = ray_daemons()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     played = out / "trajectories" / "update_00000.jsonl"  # written before update 1 trains
     deadline = time.monotonic() + 900
@@ -107,6 +138,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_continues_exactly(tiny_world, r
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 143, stderr[-3000:]
     assert "preempted after update 1" in stdout
+    assert not (orphans := left_behind(before)), f"Ray daemons outlived SIGTERM: {orphans}"
     assert [r["step"] for r in _rows(out)] == [1]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
     assert not (out / "final_hf").exists()
