@@ -89,7 +89,7 @@ def folder_variants(
     """A folder of files with one member missing, each structured member (`STRUCTURED`) cut to
     half, each JSON member
     corrupted as `json_variants` does (its first ``json_fields`` fields), the folder empty, and
-    a file in the folder's place. ``optional``: members the folder may lack."""
+    a file in the folder's place. ``optional``: members (paths or file names) the folder may lack."""
     members = sorted(p.relative_to(good) for p in good.rglob("*") if p.is_file())
 
     def copy_then(change: Callable[[Path], None]) -> Writer:
@@ -100,7 +100,7 @@ def folder_variants(
         return write
 
     for rel in members:
-        if str(rel) not in optional:
+        if rel.name not in optional and str(rel) not in optional:
             yield f"{rel} missing", copy_then(lambda p, rel=rel: (p / rel).unlink())
         size = (good / rel).stat().st_size
         if size > 2 and rel.suffix in STRUCTURED:

@@ -62,17 +62,52 @@ def find_games(root: str | os.PathLike, split: str | None = None) -> list[Path]:
         base = base / SPLIT_DIRS.get(split, split)
     if not base.is_dir():
         raise GameFormatError(f"no game folder {base}")
+    for traj in sorted(base.rglob("traj_data.json")):  # a trial folder without its game
+        if not (traj.parent / "game.tw-pddl").is_file():
+            raise GameFormatError(f"{traj.parent}: no game.tw-pddl")
     games = []
     for gamefile in sorted(base.rglob("game.tw-pddl")):
         if "movable" in str(gamefile) or "Sliced" in str(gamefile):
             continue
-        try:
-            if json.loads(gamefile.read_text()).get("solvable") is False:
-                continue
-        except json.JSONDecodeError:
+        if _checked_game(gamefile).get("solvable") is False:
             continue
         games.append(gamefile.parent)
     return games
+
+
+# what a game folder's two JSON files must hold (the rest is alfworld's and passes)
+_FIELDS = {
+    "game": {"pddl_domain": str, "pddl_problem": str, "grammar": str},
+    "traj": {"task_id": str, "task_type": str, "split": str, "pddl_params": dict, "scene": dict},
+}
+
+
+def _checked_game(gamefile: Path) -> dict:
+    """The game file's JSON, checked with its folder's traj_data.json: `GameFormatError`
+    naming the file that is cut short, of another JSON type, missing, or lacks a field."""
+    files = {"game": gamefile, "traj": gamefile.parent / "traj_data.json"}
+    data = {}
+    for key, path in files.items():
+        try:
+            data[key] = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise GameFormatError(f"{path.parent}: no {path.name}") from None
+        except (ValueError, UnicodeDecodeError) as err:
+            raise GameFormatError(f"{path}: not JSON ({err})") from None
+        if not isinstance(data[key], dict):
+            raise GameFormatError(f"{path}: a JSON object expected, got {type(data[key]).__name__}")
+    for key, fields in _FIELDS.items():
+        for field, kind in fields.items():
+            if not isinstance(data[key].get(field), kind):
+                raise GameFormatError(f"{files[key]}: {field} missing or not a {kind.__name__}")
+    if not isinstance(data["game"].get("solvable", True), bool):
+        raise GameFormatError(f"{gamefile}: solvable is not true or false")
+    if data["traj"].get("task_type") not in TASK_TYPE_TO_FAMILY:
+        raise GameFormatError(
+            f"{files['traj']}: task_type {data['traj'].get('task_type')!r:.40} is none of "
+            f"{sorted(TASK_TYPE_TO_FAMILY)}"
+        )
+    return data["game"]
 
 
 def game_family(game: str | os.PathLike) -> str:

@@ -73,9 +73,7 @@ def check_config_types(config_path: Path) -> None:
     annotations (``architectures``, ``dtype``, ...), checked with pydantic; `ModelConfigError`
     naming the file and the field."""
     import json
-    import typing
 
-    import pydantic
     import torch
     import transformers.configuration_utils as configuration
     from transformers import AutoConfig

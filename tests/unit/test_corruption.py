@@ -47,6 +47,10 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     library.mkdir()
     # one skill for every family: without it, a library covers no family of any job
     (library / "general.md").write_text("Look before you act; take the object you need.\n")
+    from envs.alfworld.games import generate_games
+
+    for split in ("train", "seen", "unseen"):  # one game each: every file a variant
+        generate_games(root / "games", split, n=1, seed=3)
     comparison = {"results": {"SEED": [{"train": {"macro_avg": 0.5}}]}, "seconds": {}}
     comparison |= {"skills": {}, "curves": {"SEED": [[0.5]]}, "seeds": [0], "settings": []}
     (root / "compare.json").write_text(json.dumps(comparison))
@@ -55,7 +59,8 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     )
     return {"model": model, "games": alfworld_games, "records": root / "records.jsonl",
             "config": root / "config.json", "library": library,
-            "cluster": root / "cluster.json", "comparison": root / "compare.json"}  # fmt: skip
+            "cluster": root / "cluster.json", "comparison": root / "compare.json",
+            "few games": root / "games"}  # fmt: skip
 
 
 def _train(g: dict[str, Path], out: Path) -> str:
@@ -97,6 +102,10 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
         g,
         out: f"run --quick --algo skill-grpo --skill-library {bad} --out {out}",
     },
+    "games folder": {
+        "eval": lambda bad, g, out: f"eval --games {bad} --policy expert --out {out}",
+        "train": lambda bad, g, out: f"train --model {g['model']} --games {bad} --out {out}",
+    },
     "comparison": {"compare": lambda bad, g, out: f"compare --merge {bad.parent} --out {out}"},
     "cluster profile": {
         "launch": lambda bad, g, out: (
@@ -125,6 +134,8 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
         return list(jsonl_variants(g["records"].read_text()))
     if kind == "skill library":
         return list(folder_variants(g["library"]))
+    if kind == "games folder":  # the PDDL problem is the generator's record, not read
+        return list(folder_variants(g["few games"], optional=("initial_state.pddl",)))
     if kind == "comparison":  # and a run inside it that is no object
         nested = json.loads(g["comparison"].read_text()) | {"results": {"SEED": [3]}}
         return [*json_variants(g["comparison"].read_text()),

@@ -71,7 +71,11 @@ def test_each_environment_brings_its_sizes_and_limits():
     assert (quick.env, quick.n_train_games, quick.families, quick.train_steps) == (
         "alfworld", 6, ("pick",), 200,
     )  # fmt: skip
-    assert BasePolicySettings.for_run("full", seed=4) == BasePolicySettings(seed=4)
+    full = BasePolicySettings.for_run("full", seed=4)  # ALFWorld's: its 16 games, every family
+    assert (full.n_train_games, full.families, full.train_steps) == (16, (), 450)
+    assert BasePolicySettings.for_run("full", seed=4, env="search") == BasePolicySettings(
+        seed=4, env="search"
+    )
     assert BasePolicySettings.for_run("quick", seed=1, env="sokoban").env == "sokoban"
     assert profile("alfworld").generate_options(("pick",)) == {
         "room": (4, 1), "handcoded": False, "workers": 2, "families": ["pick"],
