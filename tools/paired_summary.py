@@ -3,8 +3,11 @@ against the base and against GRPO (95 % t interval, sd of the differences, TOST 
 points), and the seeds a paired design needs for 80 % power at a 10-point difference.
 
     python tools/paired_summary.py runs/compare/compare.json [more compare.json ...]
+    python tools/paired_summary.py runs/default runs/default-seed1 ...   # `seed run` folders
 
-Several files are merged as `seed compare --merge` merges them (their seeds in order).
+Several files are merged as `seed compare --merge` merges them (their seeds in order); `seed
+run` folders (each an eval.json and the job_config.json that names its seed) are read as one
+comparison of the models each evaluated.
 """
 
 from __future__ import annotations
@@ -19,8 +22,26 @@ from megatron_seed.compare.stats import seeds_for_power, t_interval, tost
 BASE, REF = "Base (Vanilla)", "GRPO"
 
 
+def run_folders(paths: list[Path]) -> dict:
+    """`seed run` folders as `merge_summaries` gives compare files: results per model label
+    over the folders, and the folders' seeds."""
+    import json
+
+    results: dict[str, list] = {}
+    seeds = []
+    for folder in paths:
+        seeds.append(json.loads((folder / "job_config.json").read_text())["seed"])
+        for label, evaluation in json.loads((folder / "eval.json").read_text()).items():
+            results.setdefault(label, []).append(evaluation)
+    return {"results": results, "seeds": seeds}
+
+
 def main(paths: list[str]) -> None:
-    merged = merge_summaries([Path(p) for p in paths])
+    folders = [Path(p) for p in paths]
+    if all((f / "eval.json").is_file() for f in folders):
+        merged = run_folders(folders)
+    else:
+        merged = merge_summaries(folders)
     results, seeds = merged["results"], merged["seeds"]
     for split in ("train", "seen", "unseen"):
         rates = {m: [100 * r[split]["macro_avg"] for r in runs] for m, runs in results.items()}

@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from envs.spec import get_env
-from megatron_seed.compare.report import write_report
+from megatron_seed.compare.report import BASE_LABEL, write_report
 from megatron_seed.config import SeedConfig, differences
 from megatron_seed.errors import CommandError
 from megatron_seed.methods import METHODS, Method
 from megatron_seed.startup import use_own_ray_token
 
 EVAL_SEED = 1234  # sampled evaluation draws: the same for every model of a run
-BASE_LABEL = "Base (Vanilla)"
 
 
 def method_of(algo: str) -> Method:

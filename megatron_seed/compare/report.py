@@ -38,6 +38,8 @@ def method_table(
     return "\n".join(lines)
 
 
+BASE_LABEL = "Base (Vanilla)"  # the base policy's row in every evaluation
+
 # the report's one sentence on what a single run's numbers can and cannot conclude
 WHAT_IT_SHOWS = (
     "What these numbers can conclude: they are one run (one seed), and an interval holds "
@@ -156,6 +158,7 @@ def write_report(
         if all(split in r for r in evaluations.values()):
             decoding = next(iter(evaluations.values()))[split].get("decoding", "greedy")
             lines += [f"## {title} ({decoding})", "", table(evaluations, split, env), ""]
+    lines += against_base(evaluations)
     lines += [WHAT_IT_SHOWS, ""]
     if png is not None:
         lines += ["## Training curves (Stage 2)", "", "![curves](curves.png)", ""]
@@ -167,6 +170,30 @@ def write_report(
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def against_base(evaluations: dict[str, dict], split: str = "train") -> list[str]:
+    """Report lines: each other model's success on ``split`` minus the base's, over all
+    episodes, with a 95 % t interval paired by game (both played the same games with the same
+    draws: each game's difference of success rates is one observation); [] where the split
+    has no per-game results or one game."""
+    base = evaluations.get(BASE_LABEL, {}).get(split, {}).get("per_game")
+    if not base or len(base) < 2:
+        return []
+    lines = ["## Against the base on the training games", ""]
+    for label, result in evaluations.items():
+        games = result.get(split, {}).get("per_game") or {}
+        if label == BASE_LABEL or set(games) != set(base):
+            continue
+        diffs = [games[g][0] / games[g][1] - base[g][0] / base[g][1] for g in sorted(base)]
+        mean, half = t_interval(diffs)
+        verdict = "above" if mean - half > 0 else "below" if mean + half < 0 else "not told from"
+        lines.append(
+            f"- {label} - base: {100 * mean:+.1f} points [{100 * (mean - half):+.1f}, "
+            f"{100 * (mean + half):+.1f}] (95 % t, paired over {len(diffs)} games): "
+            f"{verdict} the base in this run"
+        )
+    return [*lines, ""] if len(lines) > 2 else []
 
 
 def cell(rates: list[float], episodes: list[int]) -> str:
@@ -203,7 +230,7 @@ def compare_table(results: dict[str, list[dict]], split: str, env: str = DEFAULT
     return method_table(rows, env)
 
 
-BASE = "Base (Vanilla)"  # the base policy's row (`compare.job.BASE_LABEL`)
+BASE = BASE_LABEL
 EQUIVALENCE_MARGIN = 0.10  # the TOST margin of "no difference" lines: 10 points
 
 
