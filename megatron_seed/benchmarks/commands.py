@@ -30,10 +30,11 @@ Results go to a JSON file (default bench/WHAT.json) and are printed.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
+
+from megatron_seed.files import write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -346,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.work or "bench/phases"), args.rounds, args.seed, args.extra, args.frozen
         )
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(out, result)
         print_summary(result)
         print(f"wrote {out}")
         return 0
@@ -363,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
         result = _run_attention(args, work)
         result["model"] = {"hidden": args.hidden, "layers": args.layers}
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(out, result)
         print(f"wrote {out}")
         return 0
     corpus = [" ".join(_WORDS)] * 4 + ["Goal: put a mug in fridge."]
@@ -373,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
     result = spawn(_bench_worker, 1, vars(args), str(work / "model"), str(work / "tok"))[0]
     result["model"] = {"hidden": args.hidden, "layers": args.layers, "vocab": vocab}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print("scoring (no-grad forward)")
     for name, r in result["scoring"].items():
         print(

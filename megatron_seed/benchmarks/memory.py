@@ -17,10 +17,11 @@ sequence run that would not fit the machine's available memory is skipped and sa
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
+
+from megatron_seed.files import write_json
 
 LENGTHS = (1024, 2048, 4096, 8192)
 SMALL_VOCAB = 1024
@@ -150,4 +151,4 @@ def run_memory(
 def write_results(result: dict, out: Path) -> None:
     """The results file (JSON)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)

@@ -13,11 +13,12 @@ GEMM per projection.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from megatron_seed.files import write_json
 
 # hidden, heads (head_dim 64), layers, experts, top-k, expert width
 SHAPE = {"hidden": 512, "heads": 8, "layers": 4, "experts": 16, "top_k": 2, "expert_ffn": 512}
@@ -97,7 +98,7 @@ def run_moe(out: Path, rounds: int, work: Path) -> dict:
         "moe_over_dense": median["moe"] / median["dense"],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     for name in ("dense", "moe"):
         p = raw["params"][name]
         print(

@@ -14,7 +14,6 @@ Usage: seed bench sync [--engines E] [--rounds R] [--out bench/sync.json]
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_seed.files import write_json
 from megatron_seed.models.tiny import TINY_QWEN2, make_tiny_qwen
 
 SYNC_MODEL = dict(  # TINY_QWEN2 widened: about 60 M parameters to stream
@@ -166,6 +166,6 @@ def run_sync(args: argparse.Namespace, out: Path) -> int:
     finally:
         ray.shutdown()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(f"wrote {out}")
     return 0

@@ -22,6 +22,7 @@ from envs.spec import get_env
 from megatron_seed.compare.report import BASE_LABEL, write_report
 from megatron_seed.config import SeedConfig, differences
 from megatron_seed.errors import CommandError
+from megatron_seed.files import write_json
 from megatron_seed.methods import METHODS, Method
 from megatron_seed.startup import use_own_ray_token
 
@@ -143,7 +144,7 @@ def run_method_job(
         )  # fmt: skip
     finally:
         fleet.close()
-    (out / "eval.json").write_text(json.dumps(evaluations, indent=2) + "\n")
+    write_json(out / "eval.json", evaluations)
     if "wall_minutes" not in _progress(out):  # the run that finished the job, not a rerun
         _mark(out, "wall_minutes", round((time.time() - phases.started) / 60, 1))
     facts["wall_minutes"] = _progress(out)["wall_minutes"]
@@ -166,7 +167,7 @@ def check_same_config(out: Path, cfg: SeedConfig, model: str | Path | None = Non
     if model is not None:
         mine["base_model"] = str(Path(model).resolve())
     if not path.is_file():
-        path.write_text(json.dumps(mine, indent=2) + "\n")
+        write_json(path, mine)
         return
     theirs = json.loads(path.read_text())
     if theirs != mine:
@@ -185,7 +186,7 @@ def _progress(out: Path) -> dict[str, Any]:
 def _mark(out: Path, phase: str, value: Any = True) -> None:
     state = _progress(out)
     state[phase] = value
-    (out / "progress.json").write_text(json.dumps(state, indent=2) + "\n")
+    write_json(out / "progress.json", state)
 
 
 class JobFleet:
@@ -258,7 +259,7 @@ def build_library(
         "families": sorted(library.families),
         "words": {f: len(t.split()) for f, t in sorted(library.families.items())},
     }
-    done.write_text(json.dumps(facts) + "\n")
+    write_json(done, facts, indent=None)
     return facts
 
 
@@ -382,7 +383,7 @@ def evaluate_models(
         evaluations.update(zip(todo, results, strict=True))
         _mark(out, "evaluate", evaluations)
     if cache is not None and not cache.is_file():
-        cache.write_text(json.dumps(evaluations[base_label], indent=2) + "\n")
+        write_json(cache, evaluations[base_label])
     return {name: evaluations[name] for name in models}
 
 

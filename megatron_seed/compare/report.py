@@ -19,6 +19,7 @@ from envs.spec import DEFAULT_ENV, get_env
 from megatron_seed.compare.stats import paired_difference, t_interval, tost, wilson
 from megatron_seed.config import assignments
 from megatron_seed.errors import CommandError
+from megatron_seed.files import write_json
 
 
 def family_columns(env: str = DEFAULT_ENV) -> tuple[tuple[str, str], ...]:
@@ -569,6 +570,6 @@ def write_summary(
         "seeds": seeds, "settings": list(settings or []), "fixed_curves": fixed or {},
         "size": size,
     }  # fmt: skip
-    (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "compare.json", summary)
     print("\n".join(lines))
     return 0

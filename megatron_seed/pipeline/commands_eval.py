@@ -30,7 +30,6 @@ the same as JSON, with every episode's outcome.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any
 
 from envs.spec import DEFAULT_ENV, ENV_HELP, EnvSpecError, get_env
 from megatron_seed.errors import CommandError, output_file
+from megatron_seed.files import write_json
 from megatron_seed.progress import LiveBar
 
 SCRIPTED = ("expert", "random")
@@ -287,5 +287,5 @@ def run(args: argparse.Namespace) -> int:
             "episodes_played": [vars(e) for e in episodes],
         }  # fmt: skip
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(Path(args.out), result)
     return 0

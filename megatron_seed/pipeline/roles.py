@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from megatron_seed.data import Analysis, TrajectoryRecord, write_jsonl
+from megatron_seed.files import write_json
 from megatron_seed.pipeline.collective import rank
 from megatron_seed.pipeline.evaluate import summarize
 from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer, rollout_metrics
@@ -373,7 +373,7 @@ class Leader(Follower):
     def note_preempted(self, step: int, updates: int) -> None:
         """OUT/preempted.json: where the rerun resumes."""
         note = {"step": step, "updates": updates}
-        (Path(self.job.out_dir) / PREEMPTED).write_text(json.dumps(note) + "\n")
+        write_json(Path(self.job.out_dir) / PREEMPTED, note, indent=None)
         print(f"preempted after update {step}: checkpoint saved; rerun to resume", flush=True)
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from megatron_seed.config import SeedConfig
 from megatron_seed.data import TokenSequence, TrajectoryRecord, check_chat_template, collate
 from megatron_seed.data.requests import request_ids
+from megatron_seed.files import write_json
 
 
 def answer_text(summary: str | None, skill: str) -> str:
@@ -109,7 +110,7 @@ def run_sft(
     world = cfg.parallel.tp * cfg.parallel.pp * dp
     result = spawn(_sft_worker, world, str(model_dir), accepted, str(out_dir), cfg)[0]
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / "sft_curve.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(Path(out_dir) / "sft_curve.json", result)
     return result
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from megatron_seed.config import SkillConfig
 from megatron_seed.data.records import TrajectoryRecord, read_jsonl, write_jsonl
 from megatron_seed.errors import CommandError, output_dir
+from megatron_seed.files import write_json
 from megatron_seed.skills.oracle import oracle_analyzer
 from megatron_seed.skills.prompt import LAYOUTS
 
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     if client_stats is not None:
         summary["client"] = client_stats.stats.to_dict(client_stats.client)
         client_stats.store.close()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "summary.json", summary)
     print(
         f"annotated {len(records)} trajectories: {len(rows)} accepted "
         f"({summary['acceptance_rate']:.1%}), {failed} request failures -> {out}"

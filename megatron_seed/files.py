@@ -1,0 +1,34 @@
+"""Outputs that never half-exist: a file is written under a temporary name in its folder and
+renamed into place, so a reader (a resumed job, `seed compare --merge`, a user) sees the old
+file or the whole new one, never a file cut short by a crash or a full disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (a temporary file in the same folder, flushed to
+    disk, then `os.replace`); returns the path."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | Path, data: Any, indent: int | None = 2, **dumps: Any) -> Path:
+    """``data`` as JSON (one line when ``indent`` is None), newline-terminated, written
+    atomically (`write_text`); ``dumps``: more `json.dumps` options."""
+    return write_text(path, json.dumps(data, indent=indent, **dumps) + "\n")
