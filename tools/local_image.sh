@@ -5,6 +5,8 @@
 #   bash tools/local_image.sh base       # a Debian base from Debian's packages (debootstrap),
 #                                        # imported into podman as localhost/debian-base:bookworm
 #   bash tools/local_image.sh image      # podman build --build-arg STACK=cpu: localhost/megatron-seed:cpu
+#   bash tools/local_image.sh mirror     # the Debian mirror the base would come from
+#                                        # (SEED_DEBIAN_MIRROR overrides it)
 #   bash tools/local_image.sh bundle     # the image as an OCI bundle (rootfs/ + config.json)
 #                                        # for Slurm's `srun --container` (seed launch --container-bundle);
 #                                        # SEED_BUNDLE_MOUNTS=DIR[:DIR...]: host folders jobs see
@@ -16,6 +18,23 @@
 # /var/tmp/megatron-seed-image) holds the base rootfs, podman's settings and the bundle.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
+
+# The Debian mirror apt uses here: SEED_DEBIAN_MIRROR if set, else the first `URIs:` of the
+# deb822 sources or `deb` line of sources.list under SEED_APT_DIR (default /etc/apt) that
+# points at a Debian archive; comment lines (a snapshot address kept as a note) are not read
+debian_mirror() {
+  if [[ -n "${SEED_DEBIAN_MIRROR:-}" ]]; then echo "$SEED_DEBIAN_MIRROR"; return; fi
+  local apt="${SEED_APT_DIR:-/etc/apt}" found=""
+  found="$(cat "$apt"/sources.list.d/*.sources 2>/dev/null \
+    | sed -n -E 's|^[[:space:]]*URIs:[[:space:]]*(.*)$|\1|p' | tr ' ' '\n' \
+    | grep -m1 -E '^https?://[^ ]+/debian/?$' || true)"
+  if [[ -z "$found" ]]; then
+    found="$(sed -n -E 's|^[[:space:]]*deb[[:space:]]+(\[[^]]*\][[:space:]]+)?(https?://[^ ]+/debian/?)[[:space:]].*$|\2|p' \
+      "$apt/sources.list" 2>/dev/null | head -1 || true)"
+  fi
+  echo "${found:-http://deb.debian.org/debian}"
+}
+if [[ "${1:-}" == mirror ]]; then debian_mirror; exit 0; fi
 store="${SEED_IMAGE_STORE:-/var/tmp/megatron-seed-image}"
 base_image="localhost/debian-base:bookworm"
 image="localhost/megatron-seed:cpu"
@@ -47,13 +66,15 @@ make_base() {
   local rootfs="$store/base-rootfs"
   if [[ ! -f "$rootfs/.complete" ]]; then
     rm -rf "$rootfs"
-    # the machine's own Debian mirror, as apt uses it
     local mirror
-    mirror="$(grep -h -o -m1 -E 'https?://[^ ]+/debian/?' /etc/apt/sources.list.d/*.sources \
-      /etc/apt/sources.list 2>/dev/null | head -1 || true)"
-    say "base: debootstrap bookworm from ${mirror:-http://deb.debian.org/debian} (about 2 minutes)"
-    debootstrap --variant=minbase bookworm "$rootfs" "${mirror:-http://deb.debian.org/debian}" > "$store/debootstrap.log"
-    touch "$rootfs/.complete"
+    mirror="$(debian_mirror)"
+    say "base: debootstrap bookworm from $mirror (about 2 minutes)"
+    if ! debootstrap --variant=minbase bookworm "$rootfs" "$mirror" > "$store/debootstrap.log" 2>&1; then
+      echo "local_image.sh: debootstrap from $mirror failed (last lines of $store/debootstrap.log):" >&2
+      tail -5 "$store/debootstrap.log" >&2
+      exit 1
+    fi
+    touch "$rootfs/.complete"  # only a base that debootstrap finished
   fi
   say "base: importing into podman as $base_image"
   tar --exclude=./.complete -C "$rootfs" -c . | podman import - "$base_image" > /dev/null
@@ -91,7 +112,8 @@ make_bundle() {
     return
   fi
   say "bundle: exporting $image to $bundle"
-  rm -rf "$bundle.tmp" && mkdir -p "$bundle.tmp/rootfs"
+  rm -rf "$bundle.tmp"
+  mkdir -p "$bundle.tmp/rootfs"
   local ctr
   ctr="$(podman create "$image")"
   podman export "$ctr" | tar -C "$bundle.tmp/rootfs" -x
@@ -99,7 +121,8 @@ make_bundle() {
   (cd "$bundle.tmp" && runc spec)  # runc's default config.json, rewritten below
   podman image inspect "$image" --format '{{json .Config}}' > "$bundle.tmp/image-config.json"
   echo "$id" > "$bundle.tmp/image-id"
-  rm -rf "$bundle" && mv "$bundle.tmp" "$bundle"
+  rm -rf "$bundle"
+  mv "$bundle.tmp" "$bundle"
   say "bundle: $bundle ($(du -sh "$bundle" | cut -f1))"
 }
 
@@ -112,10 +135,12 @@ configure_bundle() {
   (cd "$here" && python3 -m launch.oci configure "$bundle" "${mounts[@]}")
 }
 
+# one step per statement: `set -e` does not stop a function called inside an `&&` chain,
+# so a chain would go on after a failed step
 case "$what" in
   base) make_base ;;
-  image) make_base && make_image ;;
-  bundle) make_bundle && configure_bundle ;;
-  all) make_base && make_image && make_bundle && configure_bundle ;;
-  *) echo "usage: bash tools/local_image.sh [all|base|image|bundle]" >&2; exit 2 ;;
+  image) make_base; make_image ;;
+  bundle) make_bundle; configure_bundle ;;
+  all) make_base; make_image; make_bundle; configure_bundle ;;
+  *) echo "usage: bash tools/local_image.sh [all|base|image|bundle|mirror]" >&2; exit 2 ;;
 esac
