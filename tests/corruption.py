@@ -84,12 +84,16 @@ def jsonl_variants(good: str) -> Iterator[tuple[str, Writer]]:
 
 
 def folder_variants(
-    good: Path, json_fields: int | None = 4, optional: tuple[str, ...] = ()
+    good: Path,
+    json_fields: int | None = 4,
+    optional: tuple[str, ...] = (),
+    unread: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, Writer]]:
     """A folder of files with one member missing, each structured member (`STRUCTURED`) cut to
     half, each JSON member
     corrupted as `json_variants` does (its first ``json_fields`` fields), the folder empty, and
-    a file in the folder's place. ``optional``: members (paths or file names) the folder may lack."""
+    a file in the folder's place. ``optional``: members (paths or file names) the folder may lack; ``unread``:
+    members no reader of the folder reads (left alone)."""
     members = sorted(p.relative_to(good) for p in good.rglob("*") if p.is_file())
 
     def copy_then(change: Callable[[Path], None]) -> Writer:
@@ -100,6 +104,8 @@ def folder_variants(
         return write
 
     for rel in members:
+        if rel.name in unread:  # a record of how the folder was made, read by no reader
+            continue
         if rel.name not in optional and str(rel) not in optional:
             yield f"{rel} missing", copy_then(lambda p, rel=rel: (p / rel).unlink())
         size = (good / rel).stat().st_size

@@ -313,6 +313,51 @@ def build_retriever(config: dict[str, Any], root: str | os.PathLike) -> Retrieve
     raise RetrieverError(f"{CONFIG_NAME}: unknown backend {backend!r}; choose 'bm25' or 'http'")
 
 
+def check_retriever(root: Path) -> None:
+    """``root/retriever.json`` as `build_retriever` reads it, and for BM25 its corpus's two
+    ends, without reading the corpus through (wiki-18 is 14 GB): it ends with a newline (a
+    file cut mid-record does not) and its first and last lines are ``{"id", "contents"}``
+    records. `RetrieverError` naming the file."""
+    path = root / CONFIG_NAME
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RetrieverError(f"no {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RetrieverError(f"{path}: not JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise RetrieverError(f"{path}: expected a JSON object")
+    backend = config.get("backend")
+    if backend not in ("bm25", "http"):
+        raise RetrieverError(f"{path}: unknown backend {backend!r}; choose 'bm25' or 'http'")
+    field = "corpus" if backend == "bm25" else "url"
+    if not isinstance(config.get(field), str):
+        raise RetrieverError(f"{path}: the {backend} backend needs '{field}' (a string)")
+    if backend == "bm25":
+        _check_corpus_ends(root / config["corpus"])
+
+
+def _check_corpus_ends(corpus: Path) -> None:
+    if not corpus.is_file() or corpus.stat().st_size == 0:
+        raise RetrieverError(f"no corpus file {corpus}, or it is empty")
+    with corpus.open("rb") as f:
+        first = f.readline()
+        f.seek(max(0, corpus.stat().st_size - (1 << 20)))
+        tail = f.read()
+    if not tail.endswith(b"\n"):
+        raise RetrieverError(f"{corpus}: cut short (its last record does not end its line)")
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    for where, raw in (("first", first), ("last", last)):
+        try:
+            row = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RetrieverError(f"{corpus}: its {where} line is not JSON ({err})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("contents"), str):
+            raise RetrieverError(
+                f"{corpus}: its {where} line is not an object with 'id' and 'contents'"
+            )
+
+
 def load_retriever(root: str | os.PathLike) -> Retriever:
     """The retriever ``root/retriever.json`` names, built once per process per config."""
     path = Path(root) / CONFIG_NAME

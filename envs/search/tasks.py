@@ -27,7 +27,7 @@ from typing import Any
 
 from envs.api import task_files
 from envs.search import corpus as world_mod
-from envs.search.retriever import CONFIG_NAME, TOP_K, BM25Retriever, write_config
+from envs.search.retriever import CONFIG_NAME, TOP_K, BM25Retriever, check_retriever, write_config
 
 SPLITS = ("train", "seen", "unseen")
 CORPUS_NAME = "corpus.jsonl"
@@ -62,13 +62,37 @@ def load_task(task: str | os.PathLike) -> dict[str, Any]:
         data["golden_answers"] = [answers]
     elif not isinstance(answers, list) or not answers:
         raise TaskError(f"{path}: golden_answers must be a non-empty list")
+    for key, kind in _TYPES.items():
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            raise TaskError(f"{path}: {key} is {data[key]!r:.40}, not a {kind.__name__}")
+    if not all(isinstance(a, str) for a in data["golden_answers"]):
+        raise TaskError(f"{path}: golden_answers must be strings")
     return data
+
+
+# the types of a task file's fields (Search-R1's parquet columns, as `seed games` writes them)
+_TYPES = {"id": str, "question": str, "data_source": str, "split": str, "gold_queries": list}
 
 
 def list_tasks(root: str | os.PathLike, split: str | None = None) -> list[Path]:
     """Task files under ``root/<split>/<data_source>/``, sorted; every split if None (the
-    encyclopedia's hidden and ``.bm25`` index folders are not splits)."""
-    return task_files(root, split, _is_split)
+    encyclopedia's hidden and ``.bm25`` index folders are not splits). Checked before any
+    episode: every task file (`load_task`), the retriever's settings and the corpus's ends
+    (`check_retriever`); a `TaskError` or `RetrieverError` names the file."""
+    tasks = task_files(root, split, _is_split)
+    for folder in {t.parent for t in tasks} | set(_source_folders(Path(root), split)):
+        if not any(folder.glob("*.json")):
+            raise TaskError(f"{folder}: a data-source folder without task files")
+    for task in tasks:
+        load_task(task)
+    if tasks:
+        check_retriever(Path(root))
+    return tasks
+
+
+def _source_folders(root: Path, split: str | None) -> list[Path]:
+    splits = [root / split] if split else [f for f in root.iterdir() if _is_split(f)]
+    return [d for s in splits if s.is_dir() for d in s.iterdir() if d.is_dir()]
 
 
 def _is_split(folder: Path) -> bool:

@@ -278,8 +278,8 @@ def test_the_table_covers_every_command() -> None:
 
 
 def test_an_input_error_deep_in_an_environment_is_one_line(tmp_path, capsys):
-    """A search corpus cut mid-record is found where the retriever reads it, far below the
-    command: its `RetrieverError` (an input error of the project's) is one line, exit 2."""
+    """A search corpus cut mid-record is found when the tasks are listed, before any episode:
+    its `RetrieverError` (an input error of the project's) is one line, exit 2."""
     from envs.spec import get_env
 
     games = tmp_path / "games"
@@ -289,7 +289,7 @@ def test_an_input_error_deep_in_an_environment_is_one_line(tmp_path, capsys):
     for index in games.glob("corpus.jsonl.*"):  # a cached index would hide the cut
         shutil.rmtree(index) if index.is_dir() else index.unlink()
     _fails(capsys, ["eval", "--env", "search", "--games", str(games), "--policy", "expert"],
-           "corpus.jsonl:", "not JSON")  # fmt: skip
+           "corpus.jsonl:", "cut short")  # fmt: skip
 
 
 def test_a_defect_is_one_line_with_the_path_of_its_traceback(tmp_path, capsys, monkeypatch):

@@ -9,6 +9,7 @@ Commands stop at their first check, so every variant runs (a few seconds for all
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +52,12 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
 
     for split in ("train", "seen", "unseen"):  # one game each: every file a variant
         generate_games(root / "games", split, n=1, seed=3)
+    from envs.spec import get_env
+
+    for split in ("train", "seen", "unseen"):  # one question each, the corpus, no index yet
+        get_env("search").generate_tasks(root / "search", split, 1, 0)
+    for index in (root / "search").glob("corpus.jsonl.*"):
+        shutil.rmtree(index)
     comparison = {"results": {"SEED": [{"train": {"macro_avg": 0.5}}]}, "seconds": {}}
     comparison |= {"skills": {}, "curves": {"SEED": [[0.5]]}, "seeds": [0], "settings": []}
     (root / "compare.json").write_text(json.dumps(comparison))
@@ -60,7 +67,7 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     return {"model": model, "games": alfworld_games, "records": root / "records.jsonl",
             "config": root / "config.json", "library": library,
             "cluster": root / "cluster.json", "comparison": root / "compare.json",
-            "few games": root / "games"}  # fmt: skip
+            "few games": root / "games", "search": root / "search"}  # fmt: skip
 
 
 def _train(g: dict[str, Path], out: Path) -> str:
@@ -106,6 +113,10 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
         "eval": lambda bad, g, out: f"eval --games {bad} --policy expert --out {out}",
         "train": lambda bad, g, out: f"train --model {g['model']} --games {bad} --out {out}",
     },
+    # a search-QA folder: questions per split, the corpus, its retriever's settings
+    "search tasks": {
+        "eval": lambda bad, g, out: f"eval --env search --games {bad} --policy expert --out {out}",
+    },
     "comparison": {"compare": lambda bad, g, out: f"compare --merge {bad.parent} --out {out}"},
     "cluster profile": {
         "launch": lambda bad, g, out: (
@@ -136,6 +147,9 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
         return list(folder_variants(g["library"]))
     if kind == "games folder":  # the PDDL problem is the generator's record, not read
         return list(folder_variants(g["few games"], optional=("initial_state.pddl",)))
+    if kind == "search tasks":
+        # the corpus's generator settings: read when `seed games` adds a split, not by a player
+        return list(folder_variants(g["search"], unread=("corpus.meta.json",)))
     if kind == "comparison":  # and a run inside it that is no object
         nested = json.loads(g["comparison"].read_text()) | {"results": {"SEED": [3]}}
         return [*json_variants(g["comparison"].read_text()),
