@@ -188,6 +188,43 @@ def task_files(
     return sorted(p for d in base.iterdir() if is_split(d) for p in d.glob("*/*.json"))
 
 
+class TaskFileError(ValueError):
+    """A task folder or file that is not what its environment writes (one line naming it)."""
+
+
+def check_types(path: Path, data: Any, types: Mapping[str, type | tuple[type, ...]]) -> None:
+    """``data`` (a task file's JSON) is an object whose fields named in ``types`` hold values
+    of those types where present and not null; `TaskFileError` naming the file and field."""
+    if not isinstance(data, dict):
+        raise TaskFileError(f"{path}: a JSON object expected, got {type(data).__name__}")
+    for key, kind in types.items():
+        value = data.get(key)
+        wrong = isinstance(value, bool) and bool not in (
+            kind if isinstance(kind, tuple) else (kind,)
+        )
+        if value is not None and (wrong or not isinstance(value, kind)):
+            raise TaskFileError(f"{path}: {key} is {value!r:.40}, of the wrong type")
+
+
+def checked_task_files(
+    root: str | Path,
+    split: str | None,
+    load: Callable[[Path], Any],
+    is_split: Callable[[Path], bool] = Path.is_dir,
+) -> list[Path]:
+    """`task_files`, each read with ``load`` (the environment's checked reader) before any
+    episode, and no group folder without task files (a file deleted from a split)."""
+    files = task_files(root, split, is_split)
+    base = Path(root)
+    splits = [base / split] if split is not None else [d for d in base.iterdir() if is_split(d)]
+    for group in (g for s in splits for g in s.iterdir() if g.is_dir()):
+        if not any(group.glob("*.json")):
+            raise TaskFileError(f"{group}: a task group folder without task files")
+    for path in files:
+        load(path)
+    return files
+
+
 def choose_style(styles: Mapping[str, Prompts], name: str) -> Prompts:
     """``styles[name]`` (an environment's ``prompts``); a one-line error naming the others."""
     if name not in styles:

@@ -25,7 +25,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from envs.api import task_files
+from envs.api import checked_task_files
 from envs.search import corpus as world_mod
 from envs.search.retriever import CONFIG_NAME, TOP_K, BM25Retriever, check_retriever, write_config
 
@@ -79,20 +79,10 @@ def list_tasks(root: str | os.PathLike, split: str | None = None) -> list[Path]:
     encyclopedia's hidden and ``.bm25`` index folders are not splits). Checked before any
     episode: every task file (`load_task`), the retriever's settings and the corpus's ends
     (`check_retriever`); a `TaskError` or `RetrieverError` names the file."""
-    tasks = task_files(root, split, _is_split)
-    for folder in {t.parent for t in tasks} | set(_source_folders(Path(root), split)):
-        if not any(folder.glob("*.json")):
-            raise TaskError(f"{folder}: a data-source folder without task files")
-    for task in tasks:
-        load_task(task)
+    tasks = checked_task_files(root, split, load_task, _is_split)
     if tasks:
         check_retriever(Path(root))
     return tasks
-
-
-def _source_folders(root: Path, split: str | None) -> list[Path]:
-    splits = [root / split] if split else [f for f in root.iterdir() if _is_split(f)]
-    return [d for s in splits if s.is_dir() for d in s.iterdir() if d.is_dir()]
 
 
 def _is_split(folder: Path) -> bool:

@@ -51,6 +51,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from envs.api import check_types
 from envs.sokoban.grid import Room, RoomFormatError, State, from_codes
 from envs.sokoban.solver import solve
 
@@ -305,7 +306,15 @@ def load_task(path: str | os.PathLike) -> TaskFile:
         plan = [str(m) for m in data["plan"]]
     except (OSError, json.JSONDecodeError, KeyError, TypeError, IndexError) as err:
         raise RoomFormatError(f"{file} is not a Sokoban task file: {err}") from None
+    check_types(file, data, TASK_TYPES)
     return TaskFile(str(file), room, start, plan, data)
+
+
+# a task file's other fields, as `seed games --env sokoban` writes them
+TASK_TYPES: dict[str, type | tuple[type, ...]] = {
+    "family": str, "index": int, "attempt": int, "seed": int, "room_seed": int, "split": str,
+    "optimal_moves": int, "box_mapping": list, "room": dict, "settings": dict,
+}  # fmt: skip
 
 
 def list_tasks(root: str | os.PathLike, split: str | None = None) -> list[Path]:
@@ -317,7 +326,13 @@ def list_tasks(root: str | os.PathLike, split: str | None = None) -> list[Path]:
     present = [f for f in folders if f.is_dir()]
     if not present:
         raise ValueError(f"no Sokoban task folder {folders[0] if split else base}/<split>")
-    return sorted(p for folder in present for p in folder.glob("*/*.json"))
+    for group in (g for folder in present for g in folder.iterdir() if g.is_dir()):
+        if not any(group.glob("*.json")):
+            raise RoomFormatError(f"{group}: a family folder without task files")
+    tasks = sorted(p for folder in present for p in folder.glob("*/*.json"))
+    for task in tasks:  # every room read before any episode
+        load_task(task)
+    return tasks
 
 
 def task_family(task: str | os.PathLike) -> str:

@@ -100,6 +100,11 @@ def load_products(
     attributes = _read_json(attributes_path, "attribute") if attributes_path else {}
     if not isinstance(attributes, dict):
         raise ShopError(f"{attributes_path}: an attribute file is a JSON object by asin")
+    for asin, attrs in attributes.items():
+        if not isinstance(attrs, dict) or not isinstance(attrs.get("attributes", []), list):
+            raise ShopError(
+                f"{attributes_path}: {asin}'s entry is not an object with an attribute list"
+            )
     products, seen = [], set()
     for index, p in enumerate(items):
         missing = [k for k in _REQUIRED_ITEM if not isinstance(p, dict) or k not in p]

@@ -27,7 +27,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from envs.api import task_files
+from envs.api import check_types, checked_task_files
 from envs.webshop.catalog import CATEGORIES, build_catalog
 from envs.webshop.reward import get_reward, normalize_color, token_set_ratio
 from envs.webshop.shop import PRODUCT_WINDOW, Session, Shop, ShopError, load_shop
@@ -62,7 +62,17 @@ def load_task(task: str | os.PathLike) -> dict[str, Any]:
     missing = [k for k in GOAL_FIELDS if not isinstance(data, dict) or k not in data]
     if missing:
         raise TaskError(f"{path}: a WebShop goal needs {missing}")
+    check_types(path, data, GOAL_TYPES)
     return data
+
+
+# the goal fields' types, as the original's goal records hold them
+GOAL_TYPES: dict[str, type | tuple[type, ...]] = {
+    "instruction_text": str, "attributes": list, "goal_options": (list, dict),
+    "price_upper": (int, float), "asin": str, "name": str, "query": str, "category": str,
+    "product_category": str, "goal_id": str, "split": str, "plan": list, "near_misses": dict,
+    "goal_options_by_name": dict,
+}  # fmt: skip
 
 
 def find_root(task: str | os.PathLike) -> Path:
@@ -81,6 +91,7 @@ def shop_files(root: str | os.PathLike) -> tuple[Path, Path | None]:
         items = root / config["items"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise TaskError(f"{root / SHOP_CONFIG}: unreadable ({err})") from None
+    check_types(root / SHOP_CONFIG, config, {"attributes": str})
     attrs = root / config["attributes"] if config.get("attributes") else None
     return items, attrs
 
@@ -91,8 +102,42 @@ def shop_of(task: str | os.PathLike) -> Shop:
 
 
 def list_tasks(root: str | os.PathLike, split: str | None = None) -> list[Path]:
-    """Goal files under ``root/<split>/<category>/``, sorted; every split if None."""
-    return task_files(root, split)
+    """Goal files under ``root/<split>/<category>/``, sorted; every split if None. Checked
+    before any episode: every goal file (`load_task`) and the shop its folder names
+    (`check_shop`); `TaskError` or `ShopError` naming the file."""
+    tasks = checked_task_files(root, split, load_task)
+    if tasks:
+        check_shop(Path(root))
+    return tasks
+
+
+# a catalogue up to this size is read through when its tasks are listed (the generated one,
+# 2.5 MB); a larger one (the original's 1.2 M products) only has its two ends checked
+READ_THROUGH_BYTES = 64 << 20
+
+
+def check_shop(root: Path) -> None:
+    """``root/shop.json`` and the product files it names: read through as the shop reads them
+    (`load_products`) when small, else each file's JSON opens and closes as it must (a
+    file cut short does not)."""
+    from envs.webshop.shop import load_products
+
+    items, attrs = shop_files(root)
+    files = [(items, "[]"), *([(attrs, "{}")] if attrs else [])]
+    if all(f.is_file() and f.stat().st_size <= READ_THROUGH_BYTES for f, _ in files):
+        load_products(items, attrs)
+        return
+    for path, (first, last) in files:
+        if not path.is_file():
+            raise TaskError(f"no product file {path}")
+        with path.open("rb") as f:
+            head = f.read(64).lstrip()
+            f.seek(max(0, path.stat().st_size - 64))
+            tail = f.read().rstrip()
+        if head[:1] != first.encode() or tail[-1:] != last.encode():
+            raise TaskError(
+                f"{path}: cut short or not a JSON {'list' if first == '[' else 'object'}"
+            )
 
 
 def task_family(task: str | os.PathLike) -> str:

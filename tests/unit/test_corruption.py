@@ -56,6 +56,8 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
 
     for split in ("train", "seen", "unseen"):  # one question each, the corpus, no index yet
         get_env("search").generate_tasks(root / "search", split, 1, 0)
+        get_env("sokoban").generate_tasks(root / "sokoban", split, 1, 0)
+        get_env("webshop").generate_tasks(root / "webshop", split, 1, 0)
     for index in (root / "search").glob("corpus.jsonl.*"):
         shutil.rmtree(index)
     comparison = {"results": {"SEED": [{"train": {"macro_avg": 0.5}}]}, "seconds": {}}
@@ -67,7 +69,8 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     return {"model": model, "games": alfworld_games, "records": root / "records.jsonl",
             "config": root / "config.json", "library": library,
             "cluster": root / "cluster.json", "comparison": root / "compare.json",
-            "few games": root / "games", "search": root / "search"}  # fmt: skip
+            "few games": root / "games", "search": root / "search",
+            "sokoban": root / "sokoban", "webshop": root / "webshop"}  # fmt: skip
 
 
 def _train(g: dict[str, Path], out: Path) -> str:
@@ -117,6 +120,12 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
     "search tasks": {
         "eval": lambda bad, g, out: f"eval --env search --games {bad} --policy expert --out {out}",
     },
+    "sokoban rooms": {
+        "eval": lambda bad, g, out: f"eval --env sokoban --games {bad} --policy expert --out {out}",
+    },
+    "webshop tasks": {
+        "eval": lambda bad, g, out: f"eval --env webshop --games {bad} --policy expert --out {out}",
+    },
     "comparison": {"compare": lambda bad, g, out: f"compare --merge {bad.parent} --out {out}"},
     "cluster profile": {
         "launch": lambda bad, g, out: (
@@ -150,6 +159,10 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
     if kind == "search tasks":
         # the corpus's generator settings: read when `seed games` adds a split, not by a player
         return list(folder_variants(g["search"], unread=("corpus.meta.json",)))
+    if kind == "sokoban rooms":
+        return list(folder_variants(g["sokoban"]))
+    if kind == "webshop tasks":
+        return list(folder_variants(g["webshop"], json_fields=2))
     if kind == "comparison":  # and a run inside it that is no object
         nested = json.loads(g["comparison"].read_text()) | {"results": {"SEED": [3]}}
         return [*json_variants(g["comparison"].read_text()),
