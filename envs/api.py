@@ -217,12 +217,24 @@ def checked_task_files(
     files = task_files(root, split, is_split)
     base = Path(root)
     splits = [base / split] if split is not None else [d for d in base.iterdir() if is_split(d)]
-    for group in (g for s in splits for g in s.iterdir() if g.is_dir()):
-        if not any(group.glob("*.json")):
+    for group in (g for s in splits if _shown(s) for g in s.iterdir() if _shown(g)):
+        if group.is_dir() and not any(group.glob("*.json")):
             raise TaskFileError(f"{group}: a task group folder without task files")
     for path in files:
-        load(path)
+        stat = path.stat()
+        stamp = (str(path), stat.st_size, stat.st_mtime_ns)
+        if stamp not in _CHECKED:  # a file checked before and unchanged is not read again
+            load(path)
+            _CHECKED.add(stamp)
     return files
+
+
+_CHECKED: set[tuple[str, int, int]] = set()  # (path, size, mtime) of task files read whole
+
+
+def _shown(folder: Path) -> bool:
+    """Not a hidden folder (``.git``, ``.ipynb_checkpoints``): never a split or a group."""
+    return not folder.name.startswith(".")
 
 
 def choose_style(styles: Mapping[str, Prompts], name: str) -> Prompts:

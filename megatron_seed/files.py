@@ -11,12 +11,25 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()  # read once: os.umask can only be read by setting it
+
+
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (a temporary file in the same folder, flushed to
-    disk, then `os.replace`); returns the path."""
-    path = Path(path)
+    disk, then `os.replace`); returns the path. The file gets the mode a plain write would
+    give it (an existing file's, else 0666 less the umask; `mkstemp`'s own is 0600), and a
+    symbolic link is written through, not replaced."""
+    path = Path(path).resolve()
+    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o666 & ~UMASK
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -66,6 +66,9 @@ def json_variants(good: str, fields: int | None = None) -> Iterator[tuple[str, W
     for key in list(data)[:fields]:
         bad = {**data, key: wrong_type(data[key])}
         yield f"field {key!r} of another type", writes(json.dumps(bad))
+        if isinstance(data[key], bool | int | float):  # the value as a string: "1", "false"
+            quoted = {**data, key: json.dumps(data[key])}
+            yield f"field {key!r} as a string", writes(json.dumps(quoted))
 
 
 def jsonl_variants(good: str) -> Iterator[tuple[str, Writer]]:
@@ -80,6 +83,9 @@ def jsonl_variants(good: str) -> Iterator[tuple[str, Writer]]:
     for key in first:
         bad = json.dumps({**first, key: wrong_type(first[key])})
         yield f"field {key!r} of another type", writes("\n".join([bad, *lines[1:]]) + "\n")
+        if isinstance(first[key], bool | int | float):
+            quoted = json.dumps({**first, key: json.dumps(first[key])})
+            yield f"field {key!r} as a string", writes("\n".join([quoted, *lines[1:]]) + "\n")
     yield "a parquet file", writes(PARQUET_BYTES)
 
 

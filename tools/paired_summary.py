@@ -27,21 +27,34 @@ def run_folders(paths: list[Path]) -> dict:
     over the folders, and the folders' seeds."""
     import json
 
-    results: dict[str, list] = {}
-    seeds = []
+    runs = {}
     for folder in paths:
-        seeds.append(json.loads((folder / "job_config.json").read_text())["seed"])
-        for label, evaluation in json.loads((folder / "eval.json").read_text()).items():
-            results.setdefault(label, []).append(evaluation)
-    return {"results": results, "seeds": seeds}
+        try:
+            seed = json.loads((folder / "job_config.json").read_text())["seed"]
+            runs[seed] = json.loads((folder / "eval.json").read_text())
+        except (OSError, ValueError, KeyError) as err:
+            sys.exit(f"paired_summary: {folder} is not a finished seed run folder ({err})")
+    if len(runs) != len(paths):
+        sys.exit("paired_summary: two folders hold the same seed")
+    labels = next(iter(runs.values())).keys()
+    if any(run.keys() != labels for run in runs.values()):  # pair only like with like
+        sys.exit("paired_summary: the folders evaluated different models")
+    seeds = sorted(runs)
+    return {"results": {m: [runs[s][m] for s in seeds] for m in labels}, "seeds": seeds}
 
 
 def main(paths: list[str]) -> None:
     folders = [Path(p) for p in paths]
-    if all((f / "eval.json").is_file() for f in folders):
+    runs = [(f / "eval.json").is_file() for f in folders]
+    if all(runs):
         merged = run_folders(folders)
+    elif any(runs):
+        sys.exit("paired_summary: give seed run folders or comparisons, not both")
     else:
-        merged = merge_summaries(folders)
+        try:
+            merged = merge_summaries(folders)
+        except (OSError, ValueError) as err:
+            sys.exit(f"paired_summary: {err}")
     results, seeds = merged["results"], merged["seeds"]
     for split in ("train", "seen", "unseen"):
         rates = {m: [100 * r[split]["macro_avg"] for r in runs] for m, runs in results.items()}

@@ -62,9 +62,8 @@ def find_games(root: str | os.PathLike, split: str | None = None) -> list[Path]:
         base = base / SPLIT_DIRS.get(split, split)
     if not base.is_dir():
         raise GameFormatError(f"no game folder {base}")
-    for traj in sorted(base.rglob("traj_data.json")):  # a trial folder without its game
-        if not (traj.parent / "game.tw-pddl").is_file():
-            raise GameFormatError(f"{traj.parent}: no game.tw-pddl")
+    # a trial folder without game.tw-pddl is no game (the original json_2.1.1 data has such
+    # trials; alfworld's own loader skips them too)
     games = []
     for gamefile in sorted(base.rglob("game.tw-pddl")):
         if "movable" in str(gamefile) or "Sliced" in str(gamefile):
@@ -78,13 +77,36 @@ def find_games(root: str | os.PathLike, split: str | None = None) -> list[Path]:
 # what a game folder's two JSON files must hold (the rest is alfworld's and passes)
 _FIELDS = {
     "game": {"pddl_domain": str, "pddl_problem": str, "grammar": str},
-    "traj": {"task_id": str, "task_type": str, "split": str, "pddl_params": dict, "scene": dict},
+    # ALFRED's traj_data.json fields the loaders read ("split" is only this project's)
+    "traj": {"task_id": str, "task_type": str, "pddl_params": dict, "scene": dict},
 }
 
 
 def _checked_game(gamefile: Path) -> dict:
     """The game file's JSON, checked with its folder's traj_data.json: `GameFormatError`
-    naming the file that is cut short, of another JSON type, missing, or lacks a field."""
+    naming the file that is cut short, of another JSON type, missing, or lacks a field. A
+    game already checked, unchanged since, is not read again (`_CHECKED`)."""
+    stamp = _stamp(gamefile)
+    if stamp in _CHECKED:
+        return _CHECKED[stamp]
+    _CHECKED[stamp] = _read_game(gamefile)
+    return _CHECKED[stamp]
+
+
+# (path, size, mtime) of a game file and its traj_data.json -> the game's "solvable" field
+_CHECKED: dict[tuple, dict] = {}
+
+
+def _stamp(gamefile: Path) -> tuple:
+    traj = gamefile.parent / "traj_data.json"
+    return tuple(
+        (str(f), st.st_size, st.st_mtime_ns)
+        for f in (gamefile, traj)
+        if (st := f.stat() if f.exists() else None) is not None
+    )
+
+
+def _read_game(gamefile: Path) -> dict:
     files = {"game": gamefile, "traj": gamefile.parent / "traj_data.json"}
     data = {}
     for key, path in files.items():
@@ -100,6 +122,8 @@ def _checked_game(gamefile: Path) -> dict:
         for field, kind in fields.items():
             if not isinstance(data[key].get(field), kind):
                 raise GameFormatError(f"{files[key]}: {field} missing or not a {kind.__name__}")
+    if not isinstance(data["traj"].get("split", ""), str):  # `seed games` writes it; ALFRED not
+        raise GameFormatError(f"{files['traj']}: split is not a string")
     if not isinstance(data["game"].get("solvable", True), bool):
         raise GameFormatError(f"{gamefile}: solvable is not true or false")
     if data["traj"].get("task_type") not in TASK_TYPE_TO_FAMILY:
@@ -107,7 +131,7 @@ def _checked_game(gamefile: Path) -> dict:
             f"{files['traj']}: task_type {data['traj'].get('task_type')!r:.40} is none of "
             f"{sorted(TASK_TYPE_TO_FAMILY)}"
         )
-    return data["game"]
+    return {"solvable": data["game"].get("solvable")}
 
 
 def game_family(game: str | os.PathLike) -> str:

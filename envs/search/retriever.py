@@ -340,18 +340,24 @@ def check_retriever(root: Path) -> None:
 def _check_corpus_ends(corpus: Path) -> None:
     if not corpus.is_file() or corpus.stat().st_size == 0:
         raise RetrieverError(f"no corpus file {corpus}, or it is empty")
+    size = corpus.stat().st_size
     with corpus.open("rb") as f:
-        first = f.readline()
-        f.seek(max(0, corpus.stat().st_size - (1 << 20)))
+        head = f.read(1 << 20)
+        f.seek(max(0, size - (1 << 20)))
         tail = f.read()
-    if not tail.endswith(b"\n"):
-        raise RetrieverError(f"{corpus}: cut short (its last record does not end its line)")
-    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
-    for where, raw in (("first", first), ("last", last)):
+    # the first and the last non-blank lines, as `read_corpus` reads them (a last line
+    # without its newline is whole if it parses; one cut mid-record does not)
+    lines = [x for x in head.split(b"\n") if x.strip()]
+    ends = [x for x in tail.split(b"\n") if x.strip()]
+    if not lines or not ends:
+        raise RetrieverError(f"{corpus}: no record in its first or last megabyte")
+    for where, raw in (("first", lines[0]), ("last", ends[-1])):
         try:
             row = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise RetrieverError(f"{corpus}: its {where} line is not JSON ({err})") from None
+            raise RetrieverError(
+                f"{corpus}: its {where} record is not JSON, cut short? ({err})"
+            ) from None
         if not isinstance(row, dict) or not isinstance(row.get("contents"), str):
             raise RetrieverError(
                 f"{corpus}: its {where} line is not an object with 'id' and 'contents'"

@@ -100,8 +100,8 @@ def load_products(
     attributes = _read_json(attributes_path, "attribute") if attributes_path else {}
     if not isinstance(attributes, dict):
         raise ShopError(f"{attributes_path}: an attribute file is a JSON object by asin")
-    for asin, attrs in attributes.items():
-        if not isinstance(attrs, dict) or not isinstance(attrs.get("attributes", []), list):
+    for asin, attrs in attributes.items():  # an entry without attributes gets the dummy one
+        if not isinstance(attrs, dict) or not isinstance(attrs.get("attributes") or [], list):
             raise ShopError(
                 f"{attributes_path}: {asin}'s entry is not an object with an attribute list"
             )

@@ -182,17 +182,25 @@ class TrajectoryRecord:
 
     @classmethod
     def from_json(cls, line: str) -> TrajectoryRecord:
-        """Inverse of `to_json`."""
-        return cls.from_dict(json.loads(line))
+        """Inverse of `to_json`: each field strictly of its JSON type (a "false" where a bool
+        belongs, a "5" where a token id does, is an error, not a coercion)."""
+        data = json.loads(line)
+        if isinstance(data, dict) and data.get("schema", 1) == SCHEMA:
+            _check_types(cls, line, strict=True)
+        return cls.from_dict(data)
 
 
-def _check_types(cls: type, data: dict[str, Any]) -> None:
-    """Raise ValueError naming the first field of ``data`` that is not of its type in ``cls``
+def _check_types(cls: type, data: dict[str, Any] | str, strict: bool = False) -> None:
+    """Raise ValueError naming the first field of ``data`` (a dict, or JSON text: then checked
+    as JSON, where ``strict`` refuses every coercion) that is not of its type in ``cls``
     (nested records included)."""
     import pydantic
 
     try:
-        _adapter(cls).validate_python(data)
+        if isinstance(data, str):
+            _adapter(cls).validate_json(data, strict=strict)
+        else:
+            _adapter(cls).validate_python(data)
     except pydantic.ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])

@@ -289,7 +289,7 @@ def test_an_input_error_deep_in_an_environment_is_one_line(tmp_path, capsys):
     for index in games.glob("corpus.jsonl.*"):  # a cached index would hide the cut
         shutil.rmtree(index) if index.is_dir() else index.unlink()
     _fails(capsys, ["eval", "--env", "search", "--games", str(games), "--policy", "expert"],
-           "corpus.jsonl:", "cut short")  # fmt: skip
+           "corpus.jsonl:", "cut short?")  # fmt: skip
 
 
 def test_a_defect_is_one_line_with_the_path_of_its_traceback(tmp_path, capsys, monkeypatch):

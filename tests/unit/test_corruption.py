@@ -143,6 +143,15 @@ MODEL_OPTIONAL = ("generation_config.json", "chat_template.jinja", "special_toke
 CHECKPOINT_OPTIONAL = (*MODEL_OPTIONAL, "tokenizer.json", "tokenizer_config.json")
 
 
+# the good input each kind's variants are derived from (a key of the `good` fixture)
+SOURCE = {
+    "checkpoint folder": "model", "model folder": "model", "config json": "config",
+    "records": "records", "skill library": "library", "games folder": "few games",
+    "search tasks": "search", "sokoban rooms": "sokoban", "webshop tasks": "webshop",
+    "comparison": "comparison", "cluster profile": "cluster",
+}  # fmt: skip
+
+
 def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
     if kind == "model folder":
         return list(folder_variants(g["model"], optional=MODEL_OPTIONAL))
@@ -154,8 +163,11 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
         return list(jsonl_variants(g["records"].read_text()))
     if kind == "skill library":
         return list(folder_variants(g["library"]))
-    if kind == "games folder":  # the PDDL problem is the generator's record, not read
-        return list(folder_variants(g["few games"], optional=("initial_state.pddl",)))
+    if kind == "games folder":
+        # the PDDL problem is the generator's record, not read; a trial without its game file
+        # is no game (ALFWorld's own loader skips such trials: the original data has them)
+        optional = ("initial_state.pddl", "game.tw-pddl")
+        return list(folder_variants(g["few games"], optional=optional))
     if kind == "search tasks":
         # the corpus's generator settings: read when `seed games` adds a split, not by a player
         return list(folder_variants(g["search"], unread=("corpus.meta.json",)))
@@ -185,8 +197,8 @@ def _refused(capsys, argv: list[str], bad: Path, out: Path) -> str | None:
         return f"exit {code}: {' | '.join(lines)[:300]}"
     if len(lines) > 3 or "Traceback" in err:
         return f"{len(lines)} lines: {err[:300]}"
-    if bad.name not in err:
-        return f"does not name {bad.name}: {err.strip()[:300]}"
+    if str(bad.parent) not in err:  # each variant's own folder: the file or a member named
+        return f"does not name {bad}: {err.strip()[:300]}"
     if out.exists():
         return f"left {out} behind"
     if seconds > 30:
@@ -224,9 +236,20 @@ def test_every_reader_refuses_every_corruption(kind, good, tmp_path, capsys, mon
     failures = []
     variants = _variants(kind, good)
     suffix = good_suffix(kind, good)
+    name = "compare.json" if kind == "comparison" else f"input{suffix}"
+    for command, argv in READERS[kind].items():  # the good input itself is not refused
+        source, path = good[SOURCE[kind]], tmp_path / f"good-{command}" / name
+        if source.is_dir():
+            shutil.copytree(source, path)
+        else:
+            path.parent.mkdir(parents=True)
+            shutil.copy(source, path)
+        assert cli.main(argv(path, good, tmp_path / f"out-good-{command}").split()) != 2, (
+            command, capsys.readouterr().err
+        )  # fmt: skip
+        capsys.readouterr()
     for i, (what, write) in enumerate(variants):
         for command, argv in READERS[kind].items():
-            name = "compare.json" if kind == "comparison" else f"input{suffix}"
             bad = tmp_path / f"bad{i}-{command}" / name
             write(bad)
             out = tmp_path / f"out{i}-{command}"

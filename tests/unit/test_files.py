@@ -33,3 +33,21 @@ def test_a_write_that_dies_leaves_the_old_file_and_nothing_else(tmp_path, monkey
     with pytest.raises(TypeError):  # not JSON: nothing written either
         write_json(path, {"x": object()})
     assert path.read_text() == "old\n"
+
+
+def test_the_file_gets_a_plain_writes_mode_and_a_link_is_written_through(tmp_path):
+    new = write_text(tmp_path / "compare.json", "{}\n")
+    assert new.stat().st_mode & 0o777 == 0o666 & ~_umask()  # not mkstemp's 0600
+    new.chmod(0o640)
+    write_text(new, "[]\n")
+    assert new.stat().st_mode & 0o777 == 0o640  # an existing file keeps its mode
+    link = tmp_path / "latest.json"
+    link.symlink_to(new)
+    write_text(link, '{"a": 1}\n')
+    assert link.is_symlink() and new.read_text() == '{"a": 1}\n'
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
