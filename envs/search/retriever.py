@@ -313,12 +313,9 @@ def build_retriever(config: dict[str, Any], root: str | os.PathLike) -> Retrieve
     raise RetrieverError(f"{CONFIG_NAME}: unknown backend {backend!r}; choose 'bm25' or 'http'")
 
 
-def check_retriever(root: Path) -> None:
-    """``root/retriever.json`` as `build_retriever` reads it, and for BM25 its corpus's two
-    ends, without reading the corpus through (wiki-18 is 14 GB): it ends with a newline (a
-    file cut mid-record does not) and its first and last lines are ``{"id", "contents"}``
-    records. `RetrieverError` naming the file."""
-    path = root / CONFIG_NAME
+def _read_config(path: Path) -> dict[str, Any]:
+    """``retriever.json``'s object; `RetrieverError` for a missing file, bad JSON or another
+    JSON type."""
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
@@ -327,6 +324,16 @@ def check_retriever(root: Path) -> None:
         raise RetrieverError(f"{path}: not JSON ({err})") from None
     if not isinstance(config, dict):
         raise RetrieverError(f"{path}: expected a JSON object")
+    return config
+
+
+def check_retriever(root: Path) -> None:
+    """``root/retriever.json`` as `build_retriever` reads it, and for BM25 its corpus's two
+    ends, without reading the corpus through (wiki-18 is 14 GB): its first and last non-blank
+    lines are ``{"id", "contents"}`` records (a file cut mid-record has a last line that does
+    not parse). `RetrieverError` naming the file."""
+    path = root / CONFIG_NAME
+    config = _read_config(path)
     backend = config.get("backend")
     if backend not in ("bm25", "http"):
         raise RetrieverError(f"{path}: unknown backend {backend!r}; choose 'bm25' or 'http'")
@@ -367,16 +374,8 @@ def _check_corpus_ends(corpus: Path) -> None:
 def load_retriever(root: str | os.PathLike) -> Retriever:
     """The retriever ``root/retriever.json`` names, built once per process per config."""
     path = Path(root) / CONFIG_NAME
-    try:
-        text = path.read_text()
-        config = json.loads(text)
-    except FileNotFoundError:
-        raise RetrieverError(f"no {path}") from None
-    except json.JSONDecodeError as err:
-        raise RetrieverError(f"{path}: not JSON ({err.msg})") from None
-    if not isinstance(config, dict):
-        raise RetrieverError(f"{path}: expected a JSON object")
-    key = (str(Path(root).resolve()), text)
+    config = _read_config(path)
+    key = (str(Path(root).resolve()), json.dumps(config, sort_keys=True))
     if key not in _CACHE:
         _CACHE[key] = build_retriever(config, root)
     return _CACHE[key]
