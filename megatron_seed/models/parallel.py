@@ -138,6 +138,14 @@ FORKSERVER_PRELOAD = [
 ]
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a Slurm cpuset, `taskset`), not the
+    node's count, so that ranks sharing a node with other jobs split only their own cores."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def _start_context() -> Any:
     """How `spawn` starts its ranks: from a fork server on CPU; on a GPU machine as fresh
     interpreters (a server that imported torch may have touched the CUDA driver, which a
@@ -168,7 +176,7 @@ def _worker(
     )
     os.chdir(folder)
     sys.path[:] = path
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(max(1, usable_cpus() // world))
     try:
         fn, args = pickle.loads(call)
         result = fn(*args)
