@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 Writer = Callable[[Path], None]
-# members whose format shows a cut (a prose file cut in half is still prose)
-STRUCTURED = (".json", ".jsonl", ".safetensors", ".parquet")
+# members whose format shows a cut (a prose file cut in half is still prose), by suffix or
+# by name (a dist-checkpoint's index, `.metadata`, has no suffix)
+STRUCTURED = (".json", ".jsonl", ".safetensors", ".parquet", ".distcp", ".pt", ".gguf")
+STRUCTURED_NAMES = (".metadata",)
 # the first bytes of a parquet file (`PAR1`): a real sibling of a JSONL corpus
 PARQUET_BYTES = b"PAR1\x15\x04\x15\x10\x15\x14L\x15\x02\x15\x00\x12\x00\x00PAR1"
 
@@ -71,6 +73,16 @@ def json_variants(good: str, fields: int | None = None) -> Iterator[tuple[str, W
             yield f"field {key!r} as a string", writes(json.dumps(quoted))
 
 
+def file_variants(good: bytes) -> Iterator[tuple[str, Writer]]:
+    """A binary file cut at several offsets, emptied, and a JSON and a parquet file in its
+    place."""
+    for n in cut_offsets(len(good)):
+        yield f"cut at byte {n}", writes(good[:n])
+    yield "empty", writes(b"")
+    yield "a JSON file", writes('{"model_type": "llama"}\n')
+    yield "a parquet file", writes(PARQUET_BYTES)
+
+
 def jsonl_variants(good: str) -> Iterator[tuple[str, Writer]]:
     """JSONL records cut inside their last record, a record that is no object, one record's
     fields of another type, and a parquet file in their place."""
@@ -115,7 +127,7 @@ def folder_variants(
         if rel.name not in optional and str(rel) not in optional:
             yield f"{rel} missing", copy_then(lambda p, rel=rel: (p / rel).unlink())
         size = (good / rel).stat().st_size
-        if size > 2 and rel.suffix in STRUCTURED:
+        if size > 2 and (rel.suffix in STRUCTURED or rel.name in STRUCTURED_NAMES):
             half = (good / rel).read_bytes()[: size // 2]
             yield (
                 f"{rel} cut to half",

@@ -53,6 +53,114 @@ def _checked_folder(
     return ckpt.spec, checked_tokenizer(p, ckpt.spec)
 
 
+def validate_megatron_dir(path: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> QwenSpec:
+    """Check a megatron-seed Megatron checkpoint (what `seed convert megatron-to-hf` reads and
+    a trainer checkpoint holds) before any process starts: ``hf/`` with the architecture
+    (config.json of its types; a tokenizer, where there is one, that loads and fits the
+    vocabulary) and ``model/`` a complete dist-checkpoint of that architecture
+    (`check_dist_checkpoint`). `CommandError` (one line) naming the file."""
+    p = Path(path)
+    if not p.is_dir():
+        raise CommandError(f"{p} is not a directory")
+    hf = p / "hf"
+    if not (hf / "config.json").is_file():
+        raise CommandError(f"{p} is not a megatron-seed checkpoint (no hf/config.json)")
+    check_json_members(hf)
+    check_member_schemas(hf)
+    try:
+        check_config_types(hf / "config.json")
+        spec = QwenSpec.from_pretrained(hf)
+        spec.check_layout(tp, pp, ep)
+    except ModelConfigError as err:
+        raise CommandError(str(err)) from None
+    if (hf / "tokenizer.json").is_file():
+        checked_tokenizer(hf, spec)
+    attention = spec.num_heads * spec.head_dim
+    check_dist_checkpoint(
+        p / "model",
+        {  # global shapes, whatever layout wrote it: this architecture's checkpoint or not
+            "embedding.word_embeddings.weight": (spec.vocab_size, spec.hidden_size),
+            "decoder.layers.self_attention.linear_proj.weight": (
+                spec.num_layers,
+                spec.hidden_size,
+                attention,
+            ),
+        },
+    )
+    return spec
+
+
+class _DistCheckpointConfig(pydantic.BaseModel):
+    """metadata.json of a Megatron dist-checkpoint (megatron-core's `CheckpointingConfig`):
+    the backends this project writes and reads."""
+
+    model_config = pydantic.ConfigDict(strict=True, extra="allow")
+    sharded_backend: typing.Literal["torch_dist"]
+    sharded_backend_version: int
+    common_backend: typing.Literal["torch"]
+    common_backend_version: int
+
+
+def check_dist_checkpoint(folder: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """A Megatron dist-checkpoint folder whole before anything loads it: metadata.json of the
+    torch_dist format, the index (``.metadata``, torch.distributed.checkpoint's) readable,
+    every byte range it names inside its file, ``common.pt`` loadable (megatron-core's own
+    reader), and the tensors in ``shapes`` present with those global shapes. `CommandError`
+    naming the file. Reads the index and common.pt, not the tensors."""
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if not folder.is_dir():
+        raise CommandError(f"{folder} is not a directory (a Megatron dist-checkpoint expected)")
+    config = folder / "metadata.json"
+    if not config.is_file():
+        raise CommandError(f"{folder} is not a Megatron dist-checkpoint (no metadata.json)")
+    try:
+        _DistCheckpointConfig.model_validate_json(config.read_bytes())
+    except pydantic.ValidationError as err:
+        raise CommandError(f"{config}: {first_error(err)}") from None
+    index = folder / ".metadata"
+    if not index.is_file():
+        raise CommandError(f"{folder} has no .metadata (the checkpoint's index)")
+    try:
+        metadata = FileSystemReader(str(folder)).read_metadata()
+    except Exception as err:  # a pickle cut short or of something else: EOFError, ...
+        raise CommandError(f"{index}: unreadable ({type(err).__name__}: {err})"[:200]) from None
+    ends: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        data = folder / name
+        if not data.is_file():
+            raise CommandError(f"{data} is missing (the checkpoint's index names it)")
+        if data.stat().st_size < end:
+            raise CommandError(
+                f"{data} is cut short: {data.stat().st_size} bytes, its index reads to {end}"
+            )
+    common = folder / "common.pt"
+    if not common.is_file():
+        raise CommandError(f"{folder} has no common.pt")
+    try:
+        load_common_state_dict(str(folder))
+    except Exception as err:  # torch.load of a file cut short or of another kind
+        raise CommandError(f"{common}: unreadable ({type(err).__name__})") from None
+    for key, shape in (shapes or {}).items():
+        meta = metadata.state_dict_metadata.get(key)
+        found = tuple(getattr(meta, "size", ()) or ())
+        if found != shape:
+            raise CommandError(
+                f"{folder}: {key} is {list(found) or 'absent'}, the config's model needs "
+                f"{list(shape)}: a checkpoint of another model"
+            )
+
+
+def first_error(err: pydantic.ValidationError) -> str:
+    """A pydantic error's first complaint in one line: the field, its value, what was wrong."""
+    first = err.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "the top"
+    return f"{field} is {first.get('input')!r:.40} ({first['msg']})"
+
+
 def check_json_members(folder: Path) -> None:
     """Every ``*.json`` file of a model folder parses and holds a JSON object; `CommandError`
     naming the first that does not (a file cut short, emptied, or another JSON type)."""
@@ -166,11 +274,7 @@ def check_member_schemas(folder: Path) -> None:
         try:
             schema.model_validate(json.loads(member.read_text()))
         except pydantic.ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise CommandError(
-                f"{member}: {field} is {first['input']!r:.40} ({first['msg']})"
-            ) from None
+            raise CommandError(f"{member}: {first_error(err)}") from None
 
 
 def checked_tokenizer(path: str | Path, spec: QwenSpec) -> Any:

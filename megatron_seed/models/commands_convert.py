@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from megatron_seed.errors import CommandError, output_dir, positive
-from megatron_seed.models.checks import validate_hf_dir
+from megatron_seed.models.checks import validate_hf_dir, validate_megatron_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.megatron:
             raise CommandError("megatron-to-hf needs --megatron DIR")
         src = args.megatron
-        if not (Path(src) / "hf" / "config.json").is_file():
-            raise CommandError(f"{src} is not a megatron-seed checkpoint (no hf/config.json)")
+        validate_megatron_dir(src, args.tp, args.pp, args.ep)
     out = str(output_dir(args.out))
     world = args.tp * args.pp * args.ep
     spawn(_convert_worker, world, args.direction, src, out, args.tp, args.pp, args.ep)

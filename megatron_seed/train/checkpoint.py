@@ -20,15 +20,20 @@ import json
 import random
 import shutil
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pydantic
 import torch
 import torch.distributed as dist
 
+from megatron_seed.errors import CommandError
+from megatron_seed.files import write_text
 from megatron_seed.models.checkpoint import load_model, save_model
 from megatron_seed.models.convert import save_hf_checkpoint
+from megatron_seed.models.qwen import QwenSpec
 from megatron_seed.train.trainer import SeedTrainer, TrainerState
 
 # How the distributed optimizer writes its state: per parameter, in the model's layout
@@ -114,7 +119,7 @@ def save_checkpoint(
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        (root / "latest").write_text(name + "\n")
+        write_text(root / "latest", name + "\n")
     _barrier()
     return final
 
@@ -156,12 +161,67 @@ def restore_rng(rng: dict[str, Any]) -> None:
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under `root`, or None."""
+    """The newest complete checkpoint under `root`; None where none was written (no
+    ``latest``). A ``latest`` that names no complete checkpoint is a damaged job folder:
+    `CommandError` rather than a silent fresh start over it."""
     marker = Path(root) / "latest"
     if not marker.is_file():
         return None
-    path = Path(root) / marker.read_text().strip()
-    return path if (path / "trainer_state.json").is_file() else None
+    name = marker.read_text(errors="replace").strip()
+    path = Path(root) / name
+    if not name or "/" in name or not (path / "trainer_state.json").is_file():
+        raise CommandError(f"{marker} names {name!r}, which is no complete checkpoint in {root}")
+    return path
+
+
+class _Layout(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(strict=True, extra="forbid")
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+
+
+class _TrainerState(pydantic.BaseModel):
+    """trainer_state.json as `save_checkpoint` writes it."""
+
+    model_config = pydantic.ConfigDict(strict=True, extra="forbid")
+    step: int
+    data_position: int
+    extra: dict[str, Any]
+    layout: _Layout
+    adam_step: int
+
+
+def check_checkpoint(path: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) -> QwenSpec:
+    """A trainer checkpoint whole before a resumed run loads it: the model
+    (`validate_megatron_dir`, at this layout) and the optimizer dist-checkpoints, the trainer
+    state of its types, every rank's RNG file whole. Returns the model's spec; `CommandError`
+    naming the file."""
+    from megatron_seed.models.checks import (
+        check_dist_checkpoint,
+        first_error,
+        validate_megatron_dir,
+    )
+
+    path = Path(path)
+    spec = validate_megatron_dir(path, tp, pp, ep)
+    check_dist_checkpoint(path / "optimizer")
+    state = path / "trainer_state.json"
+    try:
+        saved = _TrainerState.model_validate_json(state.read_bytes())
+    except pydantic.ValidationError as err:
+        raise CommandError(f"{state}: {first_error(err)}") from None
+    ranks = saved.layout.tp * saved.layout.pp * saved.layout.dp
+    for rank in range(ranks):  # every rank of the run that wrote it saved its RNG
+        rng = path / "rng" / f"rank_{rank:05d}.pt"
+        if not rng.is_file():
+            raise CommandError(f"{rng} is missing (the checkpoint was written by {ranks} ranks)")
+        # torch.save writes a zip: its directory, at the end, shows a file cut short or
+        # another kind of file without unpickling it (every rank runs this check)
+        if not zipfile.is_zipfile(rng):
+            raise CommandError(f"{rng}: not a file torch.save wrote (cut short?)")
+    return spec
 
 
 def load_checkpoint(trainer: SeedTrainer, path: str | Path, load_optimizer: bool = True) -> None:

@@ -10,7 +10,8 @@ import torch
 
 from megatron_seed.config import AlgoConfig, OptimConfig, SeedConfig
 from megatron_seed.models.parallel import spawn
-from megatron_seed.train.checkpoint import OPTIMIZER_FORMAT
+from megatron_seed.models.qwen import QwenSpec
+from megatron_seed.train.checkpoint import OPTIMIZER_FORMAT, check_checkpoint, latest_checkpoint
 from tests.distributed import workers
 
 CFG = SeedConfig(
@@ -281,6 +282,10 @@ def test_checkpoint_at_tp2_resumes_at_tp1(tp_checkpoint, tmp_path):
         )
         assert {"torch", "python", "numpy", "cuda", "cuda_tracker"} <= set(rng)
         assert rng["cuda"] is None and rng["cuda_tracker"] is None
+    # the checks a rerun makes before any process starts pass on a real checkpoint, at TP=1,
+    # and find the model it holds; its latest marker names it
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_000002"
+    assert check_checkpoint(tmp_path / "step_000002", 1, 1, 1) == QwenSpec.from_pretrained(hf)
     resumed = spawn(
         workers.run_with_checkpoints, 1, hf, tok, 1, 1, cfg, 4, -1, str(tmp_path), True
     )[0]

@@ -15,16 +15,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from megatron_seed import cli
-from tests.corruption import Writer, folder_variants, json_variants, jsonl_variants, writes
+from tests.corruption import (
+    Writer,
+    file_variants,
+    folder_variants,
+    json_variants,
+    jsonl_variants,
+    writes,
+)
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     """One good input of every kind, the bad ones' siblings."""
     from megatron_seed.data import Analysis, TrajectoryRecord, Turn, write_jsonl
-    from megatron_seed.models.tiny import make_tiny_policy
+    from megatron_seed.models.tiny import make_tiny_policy, make_tiny_qwen
     from megatron_seed.models.tiny_tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("corruption")
@@ -66,7 +74,27 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     (root / "cluster.json").write_text(
         json.dumps({"partition": "gpu", "nccl_socket_ifname": "ib0", "nccl_timeout_s": 600})
     )
+    assert (
+        cli.main(["convert", "hf-to-megatron", "--hf", str(model), "--out", str(root / "meg")]) == 0
+    )
+    # a trainer checkpoint as `save_checkpoint` lays it out; its optimizer folder is a
+    # dist-checkpoint like the model's (the checks read an index, never Adam's state)
+    step = root / "job" / "checkpoints" / "step_000002"
+    shutil.copytree(root / "meg", step)
+    shutil.copytree(step / "model", step / "optimizer")
+    layout = {"tp": 1, "pp": 1, "dp": 1, "ep": 1}
+    state = {"step": 2, "data_position": 8, "extra": {}, "layout": layout, "adam_step": 2}
+    (step / "trainer_state.json").write_text(json.dumps(state))
+    (step / "rng").mkdir()
+    torch.save({"torch": torch.get_rng_state()}, step / "rng" / "rank_00000.pt")
+    from tests.gguf_files import write_llama_gguf
+
+    llama = make_tiny_qwen(
+        root / "llama", model_type="llama", vocab_size=304, tie_word_embeddings=False
+    )
+    write_llama_gguf(llama, tok, root / "model.gguf")
     return {"model": model, "games": alfworld_games, "records": root / "records.jsonl",
+            "megatron": root / "meg", "checkpoint": step, "gguf": root / "model.gguf",
             "config": root / "config.json", "library": library,
             "cluster": root / "cluster.json", "comparison": root / "compare.json",
             "few games": root / "games", "search": root / "search",
@@ -75,6 +103,12 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
 
 def _train(g: dict[str, Path], out: Path) -> str:
     return f"train --model {g['model']} --games {g['games'] / 'train'} --out {out}"
+
+
+def _resume(bad: Path, g: dict[str, Path]) -> str:
+    """`seed train` rerun on a job folder whose latest checkpoint is ``bad``."""
+    (bad.parent / "latest").write_text(bad.name + "\n")
+    return _train({**g, "model": g["model"]}, bad.parent.parent)
 
 
 # each reader as a command line (paths here hold no spaces), split into argv by `_argv`
@@ -92,6 +126,12 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
         "run": lambda bad, g, out: f"run --model {bad} --out {out}",
         "compare": lambda bad, g, out: f"compare --model {bad} --games {g['games']} --out {out}",
     },
+    "megatron checkpoint": {
+        "convert": lambda bad, g, out: f"convert megatron-to-hf --megatron {bad} --out {out}",
+    },
+    # a job folder's latest checkpoint, which a rerun of the same command resumes from
+    "trainer checkpoint": {"train": lambda bad, g, out: _resume(bad, g)},
+    "gguf file": {"convert": lambda bad, g, out: f"convert gguf-to-hf --gguf {bad} --out {out}"},
     "config json": {
         "train": lambda bad, g, out: f"{_train(g, out)} --config-json {bad}",
         "eval": lambda bad, g, out: (
@@ -140,12 +180,14 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
 # tokenizer files, and a model may lack: its generation defaults, its chat template
 MODEL_OPTIONAL = ("generation_config.json", "chat_template.jinja", "special_tokens_map.json")
 # a checkpoint converted or checked needs no tokenizer
-CHECKPOINT_OPTIONAL = (*MODEL_OPTIONAL, "tokenizer.json", "tokenizer_config.json")
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+CHECKPOINT_OPTIONAL = (*MODEL_OPTIONAL, *TOKENIZER)
 
 
 # the good input each kind's variants are derived from (a key of the `good` fixture)
 SOURCE = {
     "checkpoint folder": "model", "model folder": "model", "config json": "config",
+    "megatron checkpoint": "megatron", "trainer checkpoint": "checkpoint", "gguf file": "gguf",
     "records": "records", "skill library": "library", "games folder": "few games",
     "search tasks": "search", "sokoban rooms": "sokoban", "webshop tasks": "webshop",
     "comparison": "comparison", "cluster profile": "cluster",
@@ -157,6 +199,12 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
         return list(folder_variants(g["model"], optional=MODEL_OPTIONAL))
     if kind == "checkpoint folder":
         return list(folder_variants(g["model"], optional=CHECKPOINT_OPTIONAL))
+    if kind == "megatron checkpoint":
+        return list(folder_variants(g["megatron"], optional=TOKENIZER))
+    if kind == "trainer checkpoint":
+        return list(folder_variants(g["checkpoint"], optional=TOKENIZER))
+    if kind == "gguf file":
+        return list(file_variants(g["gguf"].read_bytes()))
     if kind == "config json":
         return list(json_variants(g["config"].read_text()))
     if kind == "records":
@@ -236,7 +284,9 @@ def test_every_reader_refuses_every_corruption(kind, good, tmp_path, capsys, mon
     failures = []
     variants = _variants(kind, good)
     suffix = good_suffix(kind, good)
-    name = "compare.json" if kind == "comparison" else f"input{suffix}"
+    name = {"comparison": "compare.json", "trainer checkpoint": "checkpoints/step_000002"}.get(
+        kind, f"input{suffix}"
+    )
     for command, argv in READERS[kind].items():  # the good input itself is not refused
         source, path = good[SOURCE[kind]], tmp_path / f"good-{command}" / name
         if source.is_dir():
@@ -262,5 +312,6 @@ def test_every_reader_refuses_every_corruption(kind, good, tmp_path, capsys, mon
 
 def good_suffix(kind: str, g: dict[str, Path]) -> str:
     """The bad input's file suffix: its good sibling's (``.json``, ``.jsonl``; folders none)."""
-    source = {"config json": "config", "records": "records", "cluster profile": "cluster"}
+    source = {"config json": "config", "records": "records", "cluster profile": "cluster",
+              "gguf file": "gguf"}  # fmt: skip
     return g[source[kind]].suffix if kind in source else ""
