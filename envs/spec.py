@@ -1,8 +1,9 @@
 """The registry that names environments (``--env NAME``), and the default one.
 
-``get_env(name)`` takes a registered name (``alfworld``) or ``package.module:ATTR`` naming an
-`envs.api.EnvSpec` (or a function returning one) in any importable module: how a new
-environment plugs in without editing this file. A spec is checked when it is loaded
+``get_env(name)`` takes a registered name (``alfworld``), ``package.module:ATTR`` naming an
+`envs.api.EnvSpec` (or a function returning one) in any importable module, or
+``path/to/file.py:ATTR`` in a Python file: how a new environment plugs in without editing this
+file. A module that fails to import fails here, in one line naming its file and line. A spec is checked when it is loaded
 (`EnvSpec.check`): a malformed one fails there, in one line. Specs cross process boundaries
 by name: env workers and trainer processes look the name up again.
 """
@@ -10,7 +11,13 @@ by name: env workers and trainer processes look the name up again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
 
 from envs.api import EnvSpec
 
@@ -28,12 +35,12 @@ _BUILTIN: dict[str, str] = {
     "sokoban": "envs.sokoban:spec",
     "webshop": "envs.webshop:spec",
 }
-ENV_HELP = f"environment: {', '.join(sorted(_BUILTIN))}, or module:ATTR of a spec"
+ENV_HELP = f"environment: {', '.join(sorted(_BUILTIN))}, or module:ATTR or FILE.py:ATTR of a spec"
 _LOADED: dict[str, EnvSpec] = {}  # this process's specs, by the name they were asked for
 
 
 def get_env(name: str) -> EnvSpec:
-    """The spec of ``name``: a built-in name, or ``module:ATTR``."""
+    """The spec of ``name``: a built-in name, ``module:ATTR``, or ``path/to/file.py:ATTR``."""
     if name in _LOADED:
         return _LOADED[name]
     target = _BUILTIN.get(name, name)
@@ -41,12 +48,21 @@ def get_env(name: str) -> EnvSpec:
         raise EnvSpecError(
             f"unknown environment {name!r}; choose from {sorted(_BUILTIN)} or module:ATTR"
         )
-    module_name, attr = target.split(":", 1)
+    module_name, attr = target.rsplit(":", 1)
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise EnvSpecError(f"cannot load environment {name!r}: {err}") from None
-    spec = obj() if callable(obj) and not isinstance(obj, EnvSpec) else obj
+        module = _import(module_name)
+    except EnvSpecError:
+        raise
+    except Exception as err:  # the module's own code failed: SyntaxError, NameError, ...
+        where = _origin(err, module_name)
+        raise EnvSpecError(f"cannot load environment {name!r}: {where}{_reason(err)}") from None
+    if not hasattr(module, attr):
+        raise EnvSpecError(f"cannot load environment {name!r}: {module.__file__} has no {attr}")
+    obj = getattr(module, attr)
+    try:
+        spec = obj() if callable(obj) and not isinstance(obj, EnvSpec) else obj
+    except Exception as err:
+        raise EnvSpecError(f"{target}() failed: {_reason(err)}") from None
     if not isinstance(spec, EnvSpec):
         raise EnvSpecError(f"{target} is not an EnvSpec (got {type(spec).__name__})")
     if spec.name != name:  # found by import path: remember it under that path too
@@ -57,3 +73,47 @@ def get_env(name: str) -> EnvSpec:
         raise EnvSpecError(str(err)) from None
     _LOADED[name] = spec
     return spec
+
+
+def _import(module_name: str) -> ModuleType:
+    """An importable module by name, or a Python file by its path (``*.py``: loaded once per
+    process under a name made from its absolute path)."""
+    if not module_name.endswith(".py"):
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name and module_name.startswith(err.name):  # the module itself, not an import
+                raise EnvSpecError(f"no module named {module_name!r}") from None
+            raise
+    path = Path(module_name).resolve()
+    if not path.is_file():
+        raise EnvSpecError(f"{path} is not a file (an environment spec's module expected)")
+    unique = "seed_env_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if unique in sys.modules:
+        return sys.modules[unique]
+    found = importlib.util.spec_from_file_location(unique, path)
+    module = importlib.util.module_from_spec(found)
+    sys.modules[unique] = module  # classes defined there can be pickled by this name
+    try:
+        found.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[unique]
+        raise
+    return module
+
+
+def _origin(err: BaseException, module_name: str) -> str:
+    """Where an import failed: the file and line (a syntax error's, else the innermost frame
+    of the failing module's own code), as ``FILE:LINE: ``."""
+    if isinstance(err, SyntaxError) and err.filename:
+        return f"{err.filename}:{err.lineno}: "
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if "importlib" not in f.filename]
+    frame = own[-1] if own else (frames[-1] if frames else None)
+    return f"{frame.filename}:{frame.lineno}: " if frame else f"{module_name}: "
+
+
+def _reason(err: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = (str(err).splitlines() or [""])[0]
+    return f"{type(err).__name__}: {text}"[:200]

@@ -83,6 +83,19 @@ def file_variants(good: bytes) -> Iterator[tuple[str, Writer]]:
     yield "a parquet file", writes(PARQUET_BYTES)
 
 
+def module_variants(good: str, attr: str) -> Iterator[tuple[str, Writer]]:
+    """A Python module that defines ``attr``, cut at several offsets, emptied, ``attr`` of
+    another type, a module that raises while it is imported, and a JSON and a parquet file in
+    its place."""
+    for n in cut_offsets(len(good)):
+        yield f"cut at byte {n}", writes(good[:n])
+    yield "empty", writes("")
+    yield f"{attr} of another type", writes(f"{good}\n{attr} = 7\n")
+    yield "an import that raises", writes(f"{good}\nraise RuntimeError('not today')\n")
+    yield "a JSON file", writes('{"model_type": "llama"}\n')
+    yield "a parquet file", writes(PARQUET_BYTES)
+
+
 def jsonl_variants(good: str) -> Iterator[tuple[str, Writer]]:
     """JSONL records cut inside their last record, a record that is no object, one record's
     fields of another type, and a parquet file in their place."""

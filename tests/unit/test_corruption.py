@@ -24,6 +24,7 @@ from tests.corruption import (
     folder_variants,
     json_variants,
     jsonl_variants,
+    module_variants,
     writes,
 )
 
@@ -74,6 +75,8 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     (root / "cluster.json").write_text(
         json.dumps({"partition": "gpu", "nccl_socket_ifname": "ib0", "nccl_timeout_s": 600})
     )
+    # an environment in a file of its own: Sokoban's spec under another name
+    (root / "spec.py").write_text(ENV_SPEC)
     assert (
         cli.main(["convert", "hf-to-megatron", "--hf", str(model), "--out", str(root / "meg")]) == 0
     )
@@ -95,6 +98,7 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     write_llama_gguf(llama, tok, root / "model.gguf")
     return {"model": model, "games": alfworld_games, "records": root / "records.jsonl",
             "megatron": root / "meg", "checkpoint": step, "gguf": root / "model.gguf",
+            "env spec": root / "spec.py",
             "config": root / "config.json", "library": library,
             "cluster": root / "cluster.json", "comparison": root / "compare.json",
             "few games": root / "games", "search": root / "search",
@@ -103,6 +107,12 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
 
 def _train(g: dict[str, Path], out: Path) -> str:
     return f"train --model {g['model']} --games {g['games'] / 'train'} --out {out}"
+
+
+ENV_SPEC = '''"""Sokoban under another name, loaded from this file."""
+
+from envs.sokoban import spec as SPEC
+'''
 
 
 def _resume(bad: Path, g: dict[str, Path]) -> str:
@@ -132,6 +142,12 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
     # a job folder's latest checkpoint, which a rerun of the same command resumes from
     "trainer checkpoint": {"train": lambda bad, g, out: _resume(bad, g)},
     "gguf file": {"convert": lambda bad, g, out: f"convert gguf-to-hf --gguf {bad} --out {out}"},
+    "env spec": {
+        "eval": lambda bad, g, out: (
+            f"eval --env {bad}:SPEC --games {g['sokoban']} --policy expert --out {out}"
+        ),
+        "games": lambda bad, g, out: f"games --env {bad}:SPEC --split train --n 1 --out {out}",
+    },
     "config json": {
         "train": lambda bad, g, out: f"{_train(g, out)} --config-json {bad}",
         "eval": lambda bad, g, out: (
@@ -188,6 +204,7 @@ CHECKPOINT_OPTIONAL = (*MODEL_OPTIONAL, *TOKENIZER)
 SOURCE = {
     "checkpoint folder": "model", "model folder": "model", "config json": "config",
     "megatron checkpoint": "megatron", "trainer checkpoint": "checkpoint", "gguf file": "gguf",
+    "env spec": "env spec",
     "records": "records", "skill library": "library", "games folder": "few games",
     "search tasks": "search", "sokoban rooms": "sokoban", "webshop tasks": "webshop",
     "comparison": "comparison", "cluster profile": "cluster",
@@ -205,6 +222,8 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
         return list(folder_variants(g["checkpoint"], optional=TOKENIZER))
     if kind == "gguf file":
         return list(file_variants(g["gguf"].read_bytes()))
+    if kind == "env spec":
+        return list(module_variants(g["env spec"].read_text(), "SPEC"))
     if kind == "config json":
         return list(json_variants(g["config"].read_text()))
     if kind == "records":
@@ -313,5 +332,5 @@ def test_every_reader_refuses_every_corruption(kind, good, tmp_path, capsys, mon
 def good_suffix(kind: str, g: dict[str, Path]) -> str:
     """The bad input's file suffix: its good sibling's (``.json``, ``.jsonl``; folders none)."""
     source = {"config json": "config", "records": "records", "cluster profile": "cluster",
-              "gguf file": "gguf"}  # fmt: skip
+              "gguf file": "gguf", "env spec": "env spec"}  # fmt: skip
     return g[source[kind]].suffix if kind in source else ""

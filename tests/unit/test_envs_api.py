@@ -72,3 +72,21 @@ def test_one_renderer_for_every_user_message() -> None:
     window = user_message(style, "g", history, "o3", None, "window", 2)
     assert window == "window 3 [('o1', 'a1'), ('o2', 'a2')] o3"  # the last 2 pairs
     assert user_message(style, "g", history, "o3", None, "window", 0) == "window 3 [] o3"
+
+
+def test_a_spec_loads_from_a_file_and_a_broken_module_is_named(tmp_path, monkeypatch) -> None:
+    (tmp_path / "toy_spec.py").write_text(SPEC_MODULE)
+    spec = get_env(f"{tmp_path / 'toy_spec.py'}:good")  # a file, not on the import path
+    assert spec.name == f"{tmp_path / 'toy_spec.py'}:good" and spec.expert_plan("1") == ["look"]
+    # a module whose own code fails while it is imported: its file and line, in one line
+    (tmp_path / "toy_syntax.py").write_text("x = 1\ndef broken(:\n")
+    (tmp_path / "toy_raises.py").write_text("x = 1\nraise RuntimeError('not today')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EnvSpecError, match=r"toy_syntax.py:2: SyntaxError"):
+        get_env("toy_syntax:spec")
+    with pytest.raises(EnvSpecError, match=r"toy_raises.py:2: RuntimeError: not today"):
+        get_env("toy_raises:spec")
+    with pytest.raises(EnvSpecError, match=r"toy_spec.py has no nothing"):
+        get_env("toy_spec:nothing")
+    with pytest.raises(EnvSpecError, match=r"no module named 'toy_absent'"):
+        get_env("toy_absent:spec")
