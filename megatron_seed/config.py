@@ -412,12 +412,18 @@ class SeedConfig(_Checked):
 
     @classmethod
     def load(cls, path: str | Path) -> SeedConfig:
-        """A config written by `save` (`ConfigError` if unreadable or invalid)."""
+        """A config written by `save` (`ConfigError`, naming the file, if unreadable or
+        invalid)."""
         try:
             data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, ValueError) as err:
             raise ConfigError(f"cannot read config {path}: {err}") from None
-        return cls.from_dict(data)
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: a JSON object expected, got {type(data).__name__}")
+        try:
+            return cls.from_dict(data)
+        except (ConfigError, TypeError) as err:
+            raise ConfigError(f"{path}: {err}") from None
 
 
 def differences(a: Any, b: Any, prefix: str = "") -> list[str]:

@@ -44,15 +44,28 @@ VARIANTS: dict[str, Callable[[SkillConfig], dict[str, Any]]] = {
 LENGTH_BINS = (600, 800)  # first-ask prompt tokens: < 600, 600-799, >= 800
 
 
-def check_run(run_dir: Path) -> None:
-    """A `CommandError` unless ``run_dir`` holds what the probe reads (before any engine)."""
+def check_run(run_dir: Path, last: int) -> None:
+    """A `CommandError` unless ``run_dir`` holds what the probe reads, each of its kind (before
+    any engine): the run's config, its final policy (`validate_policy_dir`), and the
+    trajectory records of its last ``last`` updates."""
+    from megatron_seed.config import SeedConfig
+    from megatron_seed.data.records import read_jsonl
     from megatron_seed.errors import CommandError
+    from megatron_seed.models.checks import validate_policy_dir
 
+    if not run_dir.is_dir():
+        raise CommandError(f"{run_dir} is not a directory (a finished Stage-2 run expected)")
     for need in ("stage2/config.json", "stage2/final_hf/config.json"):
         if not (run_dir / need).is_file():
             raise CommandError(f"{run_dir}: no {need} (not a finished Stage-2 run)")
-    if not any((run_dir / "stage2" / "trajectories").glob("update_*.jsonl")):
+    SeedConfig.load(run_dir / "stage2" / "config.json")
+    validate_policy_dir(run_dir / "stage2" / "final_hf")
+    files = sorted((run_dir / "stage2" / "trajectories").glob("update_*.jsonl"))
+    if not files:
         raise CommandError(f"{run_dir}: no stage2/trajectories/update_*.jsonl")
+    for path in files[-last:]:
+        for _ in read_jsonl(path):  # a record cut short or of another schema: file and line
+            pass
 
 
 def analysed_records(run_dir: Path, last: int) -> list[TrajectoryRecord]:
@@ -178,7 +191,7 @@ def table(per_run: dict[str, dict[str, Any]]) -> str:
 def run(work: list[str], last: int, out: Path) -> dict[str, Any]:
     """Probe every run folder in ``work``; print the pooled table and write ``out``."""
     for w in work:  # every folder checked before the first engine starts
-        check_run(Path(w))
+        check_run(Path(w), last)
     per_run = {str(w): probe_run(Path(w), last, VARIANTS) for w in work}
     text = table(per_run)
     print(text)

@@ -30,7 +30,7 @@ def test_it_re_asks_every_episode_the_last_updates_analysed(tmp_path):
     traj = tmp_path / "run" / "stage2" / "trajectories"
     traj.mkdir(parents=True)
     with pytest.raises(CommandError, match=r"no stage2/config\.json"):
-        probe.check_run(tmp_path / "run")
+        probe.check_run(tmp_path / "run", 2)
     write_jsonl([_record("old", True, True)], traj / "update_00000.jsonl")
     # identical episodes share a trajectory id; the run analysed (and counted) both
     write_jsonl([_record("a", True, True), _record("a", True, True)], traj / "update_00001.jsonl")

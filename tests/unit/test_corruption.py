@@ -32,6 +32,7 @@ from tests.corruption import (
 @pytest.fixture(scope="module")
 def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     """One good input of every kind, the bad ones' siblings."""
+    from megatron_seed.config import SeedConfig
     from megatron_seed.data import Analysis, TrajectoryRecord, Turn, write_jsonl
     from megatron_seed.models.tiny import make_tiny_policy, make_tiny_qwen
     from megatron_seed.models.tiny_tokenizer import build_tokenizer
@@ -75,6 +76,13 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     (root / "cluster.json").write_text(
         json.dumps({"partition": "gpu", "nccl_socket_ifname": "ib0", "nccl_timeout_s": 600})
     )
+    # a finished Stage-2 run (what `seed bench analyzer` probes): config, policy, records
+    run = root / "run" / "stage2"
+    (run / "trajectories").mkdir(parents=True)
+    SeedConfig().save(run / "config.json")
+    shutil.copytree(model, run / "final_hf")
+    # one record: cut to half is inside it (two alike records would be cut between them)
+    write_jsonl(records[:1], run / "trajectories" / "update_00000.jsonl")
     # an environment in a file of its own: Sokoban's spec under another name
     (root / "spec.py").write_text(ENV_SPEC)
     assert (
@@ -98,7 +106,7 @@ def good(tmp_path_factory, alfworld_games) -> dict[str, Path]:
     write_llama_gguf(llama, tok, root / "model.gguf")
     return {"model": model, "games": alfworld_games, "records": root / "records.jsonl",
             "megatron": root / "meg", "checkpoint": step, "gguf": root / "model.gguf",
-            "env spec": root / "spec.py",
+            "env spec": root / "spec.py", "run": root / "run",
             "config": root / "config.json", "library": library,
             "cluster": root / "cluster.json", "comparison": root / "compare.json",
             "few games": root / "games", "search": root / "search",
@@ -142,6 +150,9 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
     # a job folder's latest checkpoint, which a rerun of the same command resumes from
     "trainer checkpoint": {"train": lambda bad, g, out: _resume(bad, g)},
     "gguf file": {"convert": lambda bad, g, out: f"convert gguf-to-hf --gguf {bad} --out {out}"},
+    "run folder": {
+        "bench": lambda bad, g, out: f"bench analyzer --runs {bad} --last 1 --out {out}/a.json",
+    },
     "env spec": {
         "eval": lambda bad, g, out: (
             f"eval --env {bad}:SPEC --games {g['sokoban']} --policy expert --out {out}"
@@ -204,7 +215,7 @@ CHECKPOINT_OPTIONAL = (*MODEL_OPTIONAL, *TOKENIZER)
 SOURCE = {
     "checkpoint folder": "model", "model folder": "model", "config json": "config",
     "megatron checkpoint": "megatron", "trainer checkpoint": "checkpoint", "gguf file": "gguf",
-    "env spec": "env spec",
+    "env spec": "env spec", "run folder": "run",
     "records": "records", "skill library": "library", "games folder": "few games",
     "search tasks": "search", "sokoban rooms": "sokoban", "webshop tasks": "webshop",
     "comparison": "comparison", "cluster profile": "cluster",
@@ -222,6 +233,8 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
         return list(folder_variants(g["checkpoint"], optional=TOKENIZER))
     if kind == "gguf file":
         return list(file_variants(g["gguf"].read_bytes()))
+    if kind == "run folder":  # the final policy's tokenizer is required (it is played)
+        return list(folder_variants(g["run"], optional=MODEL_OPTIONAL))
     if kind == "env spec":
         return list(module_variants(g["env spec"].read_text(), "SPEC"))
     if kind == "config json":
@@ -284,6 +297,7 @@ WORK = [
     ("megatron_seed.skills.parse", "analyze_with_retries"),
     ("megatron_seed.testbed.default_job", "run_default_job"),
     ("megatron_seed.compare.commands", "run_method_job"),
+    ("megatron_seed.benchmarks.analyzer", "probe_run"),
 ]
 
 
