@@ -74,14 +74,14 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive,
         default=None,
         help="Stage-2 updates (default: the recipe's; the tiny world's: 12 quick and "
-        "evidence, 24 full)",
+        "evidence, 48 full)",
     )
     parser.add_argument(
         "--eval-episodes",
         type=positive,
         default=None,
-        help="sampled evaluation episodes per training task (default: the tiny world's 8 "
-        "quick and evidence, 4 full; seed compare --model: 4)",
+        help="sampled evaluation episodes per training task (default: the environment's at "
+        "this size, ALFWorld's 8; seed compare --model: 4)",
     )
     parser.add_argument(
         "--skill-library", default=None, help="a family library folder (default: built)"

@@ -178,10 +178,14 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
         "run": lambda bad,
         g,
         out: f"run --quick --algo skill-grpo --skill-library {bad} --out {out}",
+        "compare": lambda bad, g, out: (
+            f"compare --quick --methods skill-grpo --skill-library {bad} --out {out}"
+        ),
     },
     "games folder": {
         "eval": lambda bad, g, out: f"eval --games {bad} --policy expert --out {out}",
         "train": lambda bad, g, out: f"train --model {g['model']} --games {bad} --out {out}",
+        "compare": lambda bad, g, out: f"compare --model {g['model']} --games {bad} --out {out}",
     },
     # a search-QA folder: questions per split, the corpus, its retriever's settings
     "search tasks": {
