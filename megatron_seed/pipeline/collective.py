@@ -26,6 +26,16 @@ def broadcast(obj: Any) -> Any:
     return box[0]
 
 
+def broadcast_or_raise(result: Any, error: type[Exception], context: str) -> Any:
+    """Rank 0's `result` on every rank, or, where it is an error message (a `str`: rank 0
+    caught its failure and sends it instead of leaving the others waiting on the broadcast),
+    `error("CONTEXT: MESSAGE")` raised on every rank."""
+    got = broadcast(result)
+    if isinstance(got, str):
+        raise error(f"{context}: {got}")
+    return got
+
+
 def barrier() -> None:
     """Every rank reaches this point before any goes on."""
     if _grouped():

@@ -4,7 +4,7 @@ so the analyzer keeps what Stage 1 taught it while the policy moves."""
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from megatron_seed.data import TokenBatch, TrajectoryRecord, collate, read_jsonl
 from megatron_seed.pipeline.job import Stage2Job
@@ -12,7 +12,7 @@ from megatron_seed.pipeline.roles import update_seed
 from megatron_seed.pipeline.stage1 import sft_sequence
 
 if TYPE_CHECKING:
-    from megatron_seed.pipeline.stage2 import Run
+    from megatron_seed.config import SeedConfig
 
 
 def replay_pool(job: Stage2Job) -> list[TrajectoryRecord]:
@@ -25,17 +25,16 @@ def replay_pool(job: Stage2Job) -> list[TrajectoryRecord]:
     return pool
 
 
-def replay_batch(run: Run) -> TokenBatch:
-    """This update's analyzer-replay examples: `algo.replay_examples` accepted Stage-1
-    records drawn by (seed, update), as SFT sequences (loss on the answer tokens), the same
-    on every rank."""
-    cfg = run.cfg
-    rng = random.Random(update_seed(cfg.seed, run.step))
-    pool = run.replay_pool
+def replay_batch(
+    cfg: SeedConfig, step: int, pool: list[TrajectoryRecord], tokenizer: Any, multiple: int
+) -> TokenBatch:
+    """Update `step`'s analyzer-replay examples: `algo.replay_examples` accepted Stage-1
+    records of `pool` drawn by (seed, update), as SFT sequences (loss on the answer tokens)
+    padded to a multiple of `multiple` tokens, the same on every rank."""
+    rng = random.Random(update_seed(cfg.seed, step))
     picked = rng.sample(pool, min(cfg.algo.replay_examples, len(pool)))
     seqs = [
-        sft_sequence(run.tokenizer, r, cfg.skill.analyzer_layout, cfg.skill.min_words)
-        for r in picked
+        sft_sequence(tokenizer, r, cfg.skill.analyzer_layout, cfg.skill.min_words) for r in picked
     ]
-    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
-    return collate(seqs, pad, run.trainer.seq_multiple)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return collate(seqs, pad, multiple)

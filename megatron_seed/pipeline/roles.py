@@ -26,8 +26,9 @@ from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer, rollout_metri
 from megatron_seed.progress import LiveBar
 
 if TYPE_CHECKING:
-    from megatron_seed.pipeline.stage2 import Run, Stage2Job
+    from megatron_seed.pipeline.job import Stage2Job
     from megatron_seed.train.batch import PolicyBatch
+    from megatron_seed.train.trainer import TrainerState
 
 PREEMPTED = "preempted.json"  # the note a preempted run leaves in its output folder
 
@@ -45,9 +46,9 @@ class Slot:
     version: int
 
     @classmethod
-    def now(cls, run: Run) -> Slot:
-        """This update, on the weights the trainer holds."""
-        return cls(run.step, run.trainer.state.data_position, run.step)
+    def now(cls, state: TrainerState) -> Slot:
+        """This update, on the weights the trainer (of state `state`) holds."""
+        return cls(state.step, state.data_position, state.step)
 
 
 class TaskSampler:
@@ -94,11 +95,11 @@ class Follower:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []  # the metrics rows logged (rank 0's)
 
-    def play_and_analyze(self, run: Run, timer: PhaseTimer, slot: Slot) -> Played:
+    def play_and_analyze(self, timer: PhaseTimer, slot: Slot) -> Played:
         """Nothing played here: rank 0's records arrive by broadcast."""
         return None, {}
 
-    def evaluate(self, run: Run) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float]:
         """Rank 0 evaluates."""
         return {}
 
@@ -121,7 +122,7 @@ class Follower:
     def routes(self, pb: PolicyBatch, students: int | None) -> None:
         """Rank 0 reads the routes back from the engines (its answer is broadcast)."""
 
-    def stale_pairs(self, run: Run, records: list[TrajectoryRecord] | None) -> None:
+    def stale_pairs(self, step: int, records: list[TrajectoryRecord] | None) -> None:
         """Rank 0 re-analyses (`pipeline.one_step_off.staleness`)."""
 
     def sleep(self) -> None:
@@ -150,16 +151,22 @@ class Follower:
 
 
 class Leader(Follower):
-    """Trainer rank 0: a `RolloutSession` (fleet + env workers), the task sampler, the log."""
+    """Trainer rank 0: a `RolloutSession` (fleet + env workers), the task sampler, the log;
+    the tokenizer for the analyzer's prompts."""
 
-    def __init__(self, job: Stage2Job, session: Any) -> None:
+    def __init__(self, job: Stage2Job, session: Any, tokenizer: Any = None) -> None:
         super().__init__()
-        self.job, self.session = job, session
+        self.job, self.session, self.tokenizer = job, session, tokenizer
         self.fleet = session.fleet
         self.sampler = TaskSampler(job.games, job.cfg.seed)
         self.log = MetricsLog(job.out_dir)
         self.bar: LiveBar | None = None  # the updates' bar, from `start` to `close`
         (Path(job.out_dir) / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
+
+    @property
+    def cfg(self) -> Any:
+        """The run's `SeedConfig`."""
+        return self.job.cfg
 
     @classmethod
     def open(cls, job: Stage2Job, tokenizer: Any, fleet: Any, pool: Any) -> Leader:
@@ -179,23 +186,23 @@ class Leader(Follower):
         )
         took = time.perf_counter() - start
         print(f"fleet: {session.placement} (up in {took:.1f} s)", flush=True)
-        return cls(job, session)
+        return cls(job, session, tokenizer)
 
     # ------------------------------------------------------------------ rollout, analyze
 
-    def play_and_analyze(self, run: Run, timer: PhaseTimer, slot: Slot) -> Played:
+    def play_and_analyze(self, timer: PhaseTimer, slot: Slot) -> Played:
         """The `rollout` phase: B tasks x N episodes with theta_old for `slot`; then the
         `analyze` phase unless the overlapped rollout analysed them as they ended."""
-        cfg = run.cfg
+        cfg = self.cfg
         with timer.time("rollout"):
-            records, metrics = self._rollout(run, slot)
+            records, metrics = self._rollout(slot)
         if cfg.algo.use_opd and not (cfg.rollout.overlap and analyzes(cfg)):
             with timer.time("analyze"):
-                metrics.update(self._analyze(run, records))
+                metrics.update(self._analyze(records))
         return records, metrics
 
-    def _rollout(self, run: Run, slot: Slot) -> tuple[list[TrajectoryRecord], dict[str, float]]:
-        cfg, session, step = run.cfg, self.session, slot.step
+    def _rollout(self, slot: Slot) -> tuple[list[TrajectoryRecord], dict[str, float]]:
+        cfg, session, step = self.cfg, self.session, slot.step
         games = self.sampler.take(slot.position, cfg.rollout.tasks_per_update)
         if cfg.rollout.reseed_each_update:
             self.fleet.reseed(update_seed(cfg.seed, step))
@@ -203,7 +210,7 @@ class Leader(Follower):
         tasks = session.tasks(games, skills)
         metrics: dict[str, float] = {}
         if cfg.rollout.overlap:
-            plan = self._analysis_plan(run)
+            plan = self._analysis_plan()
             played = session.play_overlapped(
                 tasks, cfg.rollout.group_size, session.sampling(), step, plan
             )
@@ -221,41 +228,41 @@ class Leader(Follower):
         metrics.update({f"rollout/{k}": float(v) for k, v in stats.items()})
         return records, metrics
 
-    def _analysis_plan(self, run: Run) -> Any:
+    def _analysis_plan(self) -> Any:
         """What the overlapped rollout needs to analyse episodes as they end (None: none)."""
         from megatron_seed.rollout.overlap import AnalysisPlan
 
-        if not analyzes(run.cfg):
+        if not analyzes(self.cfg):
             return None
-        return AnalysisPlan(run.tokenizer, run.cfg.skill, self.session.analyzer_prompt_limit())
+        return AnalysisPlan(self.tokenizer, self.cfg.skill, self.session.analyzer_prompt_limit())
 
-    def _analyze(self, run: Run, records: list[TrajectoryRecord]) -> dict[str, float]:
+    def _analyze(self, records: list[TrajectoryRecord]) -> dict[str, float]:
         """Hindsight skills from the same fleet weights, or a fixed source's."""
-        source = run.cfg.skill.teacher_source
+        source = self.cfg.skill.teacher_source
         if source != "analyzer":
             assert self.job.skill_library is not None  # check_job
             return library_skills(records, self.job.skill_library, source)
-        return self.reanalyze(run, records, run.cfg.skill)
+        return self.reanalyze(records, self.cfg.skill)
 
-    def reanalyze(self, run: Run, records: list[TrajectoryRecord], skill: Any) -> dict:
+    def reanalyze(self, records: list[TrajectoryRecord], skill: Any) -> dict:
         """The fleet's analyzer over `records` under the skill settings `skill`."""
         from megatron_seed.rollout.analyzer import analyze_records
 
         limit = self.session.analyzer_prompt_limit()
-        return analyze_records(self.fleet, run.tokenizer, records, skill, max_prompt_tokens=limit)
+        return analyze_records(self.fleet, self.tokenizer, records, skill, max_prompt_tokens=limit)
 
-    def evaluate(self, run: Run) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float]:
         """Episodes on the evaluation games, no skill (greedy, or `job.eval_episodes` sampled
         per game with the same draws every time): success overall and per family."""
-        session, job = self.session, run.job
+        session, job = self.session, self.job
         tasks = session.tasks(job.eval_games)
         if job.eval_episodes:  # `pipeline.evaluate.evaluate_policies`' sampled draws
             from megatron_seed.rollout.engine import SamplingSpec
 
             session.fleet.reseed(job.eval_seed)
             temperature, max_tokens = (
-                run.cfg.rollout.temperature,
-                run.cfg.rollout.max_response_tokens,
+                self.cfg.rollout.temperature,
+                self.cfg.rollout.max_response_tokens,
             )
             spec = SamplingSpec(temperature=temperature, max_tokens=max_tokens, seed=job.eval_seed)
             n = job.eval_episodes
@@ -267,21 +274,21 @@ class Leader(Follower):
             out[f"evaluate/success_{fam}"] = rate
         return out
 
-    def stale_pairs(self, run: Run, records: list[TrajectoryRecord]) -> Any:
+    def stale_pairs(self, step: int, records: list[TrajectoryRecord]) -> Any:
         """(lag, [(old, new)]) for `pipeline.one_step_off.staleness`: the lag between the
-        trainer and the oldest weights that played `records`; with a lag, up to
+        trainer (at update `step`) and the oldest weights that played `records`; with a lag, up to
         `rollout.staleness_sample` analysed records and their re-analysis by the engines
         (which hold the trainer's weights now), every sampled one whatever `skill.select`
         picked for training."""
-        cfg = run.cfg
-        lag = run.step - min(r.policy_version for r in records)
+        cfg = self.cfg
+        lag = step - min(r.policy_version for r in records)
         sample = [r for r in records if r.skill][: cfg.rollout.staleness_sample]
         fresh: list[TrajectoryRecord] = []
         if lag > 0 and sample and analyzes(cfg):
             fresh = [copy.deepcopy(r) for r in sample]
             for r in fresh:
                 r.skill, r.analysis = None, None
-            self.reanalyze(run, fresh, dataclasses.replace(cfg.skill, select="all"))
+            self.reanalyze(fresh, dataclasses.replace(cfg.skill, select="all"))
         return lag, [(old, new) for old, new in zip(sample, fresh, strict=False) if new.skill]
 
     # ------------------------------------------------------------------ weights, engines

@@ -27,8 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +41,16 @@ from megatron_seed.data import TokenSequence, TrajectoryRecord, check_chat_templ
 from megatron_seed.hosts import node_name
 from megatron_seed.models.parallel import init_parallel
 from megatron_seed.pipeline.accounting import accounting
-from megatron_seed.pipeline.collective import broadcast, rank
+from megatron_seed.pipeline.collective import broadcast, broadcast_or_raise, rank
 from megatron_seed.pipeline.colocation import build_beside_engines, kv_cache_back, trainer_turn
 from megatron_seed.pipeline.job import Stage2Job, check_job
 from megatron_seed.pipeline.metrics import PhaseTimer
 from megatron_seed.pipeline.one_step_off import play_ahead, staleness
 from megatron_seed.pipeline.preemption import preemption
 from megatron_seed.pipeline.replay import replay_batch, replay_pool
-from megatron_seed.pipeline.roles import Follower, Leader, Played, Slot
+from megatron_seed.pipeline.roles import Follower, Leader, Slot
 from megatron_seed.pipeline.routes import engine_routes, probe_on_engine_routes
+from megatron_seed.pipeline.run_state import Run
 from megatron_seed.rollout.refit import RefitError, probe_ids
 from megatron_seed.train.batch import (
     PolicyBatch,
@@ -65,32 +65,6 @@ from megatron_seed.train.checkpoint import (
     save_checkpoint,
 )
 from megatron_seed.train.trainer import SeedTrainer
-
-
-@dataclass
-class Run:
-    """The state the phases share on one rank."""
-
-    job: Stage2Job
-    trainer: Any
-    tokenizer: Any
-    side: Follower  # this rank's role: the `Leader` on rank 0
-    hf_config: dict[str, Any]
-    need_sync: bool  # the engines do not hold theta yet
-    probe: Any = None  # TokenBatch [1, n] the refit check scores after every sync
-    replay_pool: list[TrajectoryRecord] = field(default_factory=list)  # analyzer replay
-    # one-step-off: the next update's rollout and analysis, running in `ahead_pool`
-    ahead: Future[Played] | None = None
-    ahead_pool: ThreadPoolExecutor | None = None
-
-    @property
-    def cfg(self) -> SeedConfig:
-        return self.job.cfg
-
-    @property
-    def step(self) -> int:
-        return self.trainer.state.step
-
 
 # ----------------------------------------------------------------------------- phases
 
@@ -136,14 +110,13 @@ def verify_refit(run: Run) -> dict[str, float]:
     if run.probe is None:
         return {}
     ids = run.probe.input_ids[0].tolist()
-    probe = probe_on_engine_routes(run) if run.trainer.spec.is_moe else run.probe
+    moe = run.trainer.spec.is_moe
+    probe = probe_on_engine_routes(run.side, run.probe, run.step) if moe else run.probe
     with run.trainer.without_fp8(), run.trainer.replaying_routes():  # engines run bf16
         scored = run.trainer.score(probe)[:, :-1].tolist()  # a collective; [rows, n - 1]
-    reference = scored if run.trainer.spec.is_moe else scored[0]
-    verdict = broadcast(run.side.refit_verdict(ids, reference, run.trainer.precision))
-    if isinstance(verdict, str):
-        raise RefitError(f"update {run.step}: {verdict}")
-    return verdict
+    reference = scored if moe else scored[0]
+    verdict = run.side.refit_verdict(ids, reference, run.trainer.precision)
+    return broadcast_or_raise(verdict, RefitError, f"update {run.step}")
 
 
 def policy_batch(run: Run, records: list[TrajectoryRecord], timer: Any) -> PolicyBatch:
@@ -163,18 +136,17 @@ def policy_batch(run: Run, records: list[TrajectoryRecord], timer: Any) -> Polic
             pb = permute_advantages(
                 pb, torch.Generator().manual_seed(cfg.seed * 100_003 + run.step)
             )
-    return engine_routes(run, pb, timer)
+    return engine_routes(cfg, run.trainer.spec.is_moe, run.side, run.step, pb, timer)
 
 
 def train(run: Run, pb: PolicyBatch) -> dict[str, float]:
     """One SEED update of the trainer on this update's batch."""
-    cfg = run.cfg
+    cfg, trainer = run.cfg, run.trainer
+    replay = None  # analyzer replay's Stage-1 examples
     if cfg.algo.replay_weight:
-        step = run.trainer.train_step(pb, replay_batch(run))
-    else:
-        step = run.trainer.train_step(pb)
-    metrics = {f"train/{k}": v for k, v in step.items()}
-    run.trainer.state.data_position += cfg.rollout.tasks_per_update
+        replay = replay_batch(cfg, run.step, run.replay_pool, run.tokenizer, trainer.seq_multiple)
+    metrics = {f"train/{k}": v for k, v in trainer.train_step(pb, replay).items()}
+    trainer.state.data_position += cfg.rollout.tasks_per_update
     return metrics
 
 
@@ -200,20 +172,20 @@ def update(run: Run) -> dict[str, Any]:
         metrics.update(m)
     else:
         busy = run.side.usage()
-        records, m = run.side.play_and_analyze(run, timer, Slot.now(run))
+        records, m = run.side.play_and_analyze(timer, Slot.now(run.trainer.state))
         metrics.update(m)
         metrics.update(accounting(busy, run.side.usage(), timer.seconds))
     if cfg.rollout.one_step_off:
         with timer.time("staleness"):
-            metrics.update(staleness(run, records))
+            metrics.update(staleness(cfg, run.side, run.trainer, run.tokenizer, records))
     run.side.save_trajectories(run.step, records)
     records = broadcast(records)
-    run.ahead = play_ahead(run)
+    run.ahead = play_ahead(cfg, run.side, run.trainer, run.ahead_pool)
     metrics.update(train_and_sync(run, records, timer))
     run.need_sync = False
     if run.job.eval_every and run.step % run.job.eval_every == 0:
         with timer.time("evaluate"):
-            metrics.update(run.side.evaluate(run))
+            metrics.update(run.side.evaluate())
     if cfg.save_every and run.step % cfg.save_every == 0:
         with timer.time("checkpoint"):
             checkpoint(run)
@@ -287,7 +259,9 @@ def _setup(job: Stage2Job, fleet: Any, pool: Any) -> Run:
     hf_config = json.loads((Path(job.model_dir) / "config.json").read_text())
     need_sync = resumed is not None or job.fleet_address is not None
     probe = _probe(cfg, tokenizer, trainer.seq_multiple)
-    return Run(job, trainer, tokenizer, side, hf_config, need_sync, probe, replay)
+    # one-step-off: the thread the next update plays in while this one trains
+    ahead = ThreadPoolExecutor(1, "ahead") if cfg.rollout.one_step_off else None
+    return Run(job, trainer, tokenizer, side, hf_config, need_sync, probe, replay, None, ahead)
 
 
 def _probe(cfg: SeedConfig, tokenizer: Any, block: int) -> Any:

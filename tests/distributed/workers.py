@@ -775,3 +775,17 @@ def moe_refit_probe(hf_dir, tok_dir, cfg, out_dir):
     except RefitError as err:
         error = str(err)
     return {"metrics": metrics, "free_gap": free_gap, "error": error}
+
+
+def broadcast_or_raise_on_ranks(rank0_result):
+    """What every rank gets from `broadcast_or_raise` when rank 0 holds `rank0_result` (the
+    other ranks hold None): ("ok", value) or ("raised", message)."""
+    from megatron_seed.models.parallel import init_parallel
+    from megatron_seed.pipeline.collective import broadcast_or_raise, rank
+
+    init_parallel(1, 1)
+    mine = rank0_result if rank() == 0 else None
+    try:
+        return "ok", broadcast_or_raise(mine, RuntimeError, "update 3")
+    except RuntimeError as err:
+        return "raised", str(err)

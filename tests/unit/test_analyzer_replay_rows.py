@@ -59,10 +59,7 @@ def test_replay_rows_are_stage1_rows_and_answer_what_stage2_asks(tok_and_records
     )
     pool = replay_pool(SimpleNamespace(cfg=cfg, replay_data=str(annotated)))
     assert [r.analysis.trajectory_id for r in pool] == [r.analysis.trajectory_id for r in records]
-    run = SimpleNamespace(
-        cfg=cfg, step=3, replay_pool=pool, tokenizer=tok, trainer=SimpleNamespace(seq_multiple=4)
-    )
-    batch = replay_batch(run)  # [4, s]
+    batch = replay_batch(cfg, 3, pool, tok, 4)  # [4, s]
 
     # the rows, mask and padding included, are Stage 1's SFT rows of the same records
     prompts = {}  # a row's prompt tokens -> its answer text

@@ -283,8 +283,8 @@ def test_models_import_no_recipe() -> None:
 
 
 def _module_graph(packages: tuple[str, ...]) -> dict[str, set[str]]:
-    """Module -> the project modules it imports when it runs (module- and function-level;
-    imports only a type checker reads, under `if TYPE_CHECKING:`, are not edges). `from
+    """Module -> the project modules it imports: at module and function level, and those only
+    a type checker reads (under `if TYPE_CHECKING:`: a dependency all the same). `from
     PACKAGE import MODULE` is an edge to the module; `from PACKAGE import NAME`, to the
     package's `__init__`."""
     files: dict[str, Path] = {}
@@ -295,16 +295,8 @@ def _module_graph(packages: tuple[str, ...]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text())
-        typing_only = {
-            id(n)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)
-        }
         edges: set[str] = set()
         for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
             if isinstance(node, ast.Import):
                 edges.update(a.name for a in node.names if a.name in files)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -345,9 +337,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycle_between_files() -> None:
-    """No module imports, at run time and however indirectly, a module that imports it (the
-    rollout's weight transfer and its worker extension used to, through the CPU MoE re-pack;
-    `rollout/cpu_moe.py` now holds it)."""
+    """No module imports, however indirectly and if only for its types, a module that imports
+    it (the rollout's weight transfer and its worker extension used to, through the CPU MoE
+    re-pack, now in `rollout/cpu_moe.py`; the Stage-2 helpers and the driver did, for the run
+    state, now in `pipeline/run_state.py` and handed to the driver's phases only)."""
     graph = _module_graph(("megatron_seed", "envs", "launch"))
     assert len(graph) > 150
     assert _cycles(graph) == []

@@ -221,12 +221,11 @@ def test_stage2_evaluation_samples_fixed_draws_when_asked(tmp_path):
     from megatron_seed.rollout.engine import SamplingSpec
 
     job = Stage2Job("m", ["g"], str(tmp_path), eval_games=["a", "b"], eval_every=2)
-    run = SimpleNamespace(job=job, cfg=SeedConfig())
-    assert Leader(job, Session()).evaluate(run)["evaluate/success"] == 1.0
+    assert Leader(job, Session()).evaluate()["evaluate/success"] == 1.0
     assert calls == [("play", ("a", "b"), 1, ("greedy", None))]
     calls.clear()
     job.eval_episodes, job.eval_seed = 4, 77
-    out = Leader(job, Session()).evaluate(run)
+    out = Leader(job, Session()).evaluate()
     # the final evaluation's draws (`evaluate_policies`): rollout temperature, top_p 1
     spec = SamplingSpec(
         temperature=1.0, max_tokens=SeedConfig().rollout.max_response_tokens, seed=77
