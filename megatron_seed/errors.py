@@ -30,6 +30,15 @@ def output_dir(path: str | Path, flag: str = "--out") -> Path:
     return out
 
 
+def new_output_dir(path: str | Path, flag: str = "--out") -> Path:
+    """`output_dir` for a folder a command makes whole (`files.staged_folder`): it must not
+    exist yet or be empty, so that nothing of another output is mixed into it."""
+    out = output_dir(path, flag)
+    if out.is_dir() and any(out.iterdir()):
+        raise CommandError(f"{flag} {out} is not empty: name a new folder")
+    return out
+
+
 def output_file(path: str | Path, flag: str = "--out") -> Path:
     """An output file that may be written: `CommandError` if the path is a folder or lies
     under an existing file (checked before any work)."""

@@ -1,12 +1,17 @@
 """Outputs that never half-exist: a file is written under a temporary name in its folder and
 renamed into place, so a reader (a resumed job, `seed compare --merge`, a user) sees the old
-file or the whole new one, never a file cut short by a crash or a full disk."""
+file or the whole new one, never a file cut short by a crash or a full disk; a folder that a
+command makes whole (a converted or imported checkpoint) is made under a hidden name beside
+it and renamed when the work succeeded (`staged_folder`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +50,25 @@ def write_json(path: str | Path, data: Any, indent: int | None = 2, **dumps: Any
     """``data`` as JSON (one line when ``indent`` is None), newline-terminated, written
     atomically (`write_text`); ``dumps``: more `json.dumps` options."""
     return write_text(path, json.dumps(data, indent=indent, **dumps) + "\n")
+
+
+@contextlib.contextmanager
+def staged_folder(out: str | Path) -> Iterator[Path]:
+    """A folder output that appears whole or not at all: the work writes into a hidden
+    sibling (``.NAME.partial-XXXX``, mode as a plain `mkdir` gives) that is renamed to
+    ``out`` when the block ends and removed, with any parent folder made for it, when the
+    block raises (an error, or the `KeyboardInterrupt`/`SystemExit` of a stop). ``out`` must
+    not exist or be an empty folder (`errors.new_output_dir` checks it before the work)."""
+    out = Path(out).absolute()
+    made = next((p for p in reversed(out.parents) if not p.exists()), None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    stage.chmod(0o777 & ~UMASK)
+    try:
+        yield stage
+        if out.is_dir():
+            out.rmdir()  # empty: a non-empty one was refused before the work
+        os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(made or stage, ignore_errors=True)
+        raise

@@ -16,7 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from megatron_seed.errors import CommandError, output_dir, positive
+from megatron_seed.errors import CommandError, new_output_dir, positive
+from megatron_seed.files import staged_folder
 from megatron_seed.models.checks import validate_hf_dir, validate_megatron_dir
 
 
@@ -96,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError("megatron-to-hf needs --megatron DIR")
         src = args.megatron
         validate_megatron_dir(src, args.tp, args.pp, args.ep)
-    out = str(output_dir(args.out))
     world = args.tp * args.pp * args.ep
-    spawn(_convert_worker, world, args.direction, src, out, args.tp, args.pp, args.ep)
+    with staged_folder(new_output_dir(args.out)) as stage:  # whole, or nothing at --out
+        spawn(_convert_worker, world, args.direction, src, str(stage), args.tp, args.pp, args.ep)
     print(f"wrote {args.out}")
     return 0
 
@@ -113,9 +114,10 @@ def _gguf_to_hf(args: argparse.Namespace) -> int:
     ignored += [f"--{k}" for k in ("tp", "pp", "ep") if getattr(args, k) != 1]
     if ignored:  # the import runs in this process and reads the GGUF file alone
         raise CommandError(f"gguf-to-hf reads --gguf and --out only, not {' '.join(ignored)}")
-    out = output_dir(args.out)
+    out = new_output_dir(args.out)
     try:
-        gguf_to_hf(args.gguf, out, log=print)  # checks the file before writing anything
+        with staged_folder(out) as stage:  # the file is checked before anything is written
+            gguf_to_hf(args.gguf, stage, log=print)
     except GGUFError as err:
         raise CommandError(str(err)) from None
     print(f"wrote {args.out}")

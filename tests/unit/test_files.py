@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,53 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_staged_folder_appears_whole_or_not_at_all(tmp_path):
+    from megatron_seed.files import UMASK, staged_folder
+
+    with staged_folder(tmp_path / "a" / "b" / "out") as stage:
+        assert stage.parent == tmp_path / "a" / "b" and stage.name.startswith(".out.partial-")
+        (stage / "config.json").write_text("{}")
+    out = tmp_path / "a" / "b" / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # no partial left
+    assert out.stat().st_mode & 0o777 == 0o777 & ~UMASK
+    # the work fails half-way: nothing at the output, nor the parent folders made for it
+    with pytest.raises(RuntimeError, match="rank 1 died"), staged_folder(tmp_path / "x/y") as stage:
+        (stage / "model").mkdir()
+        raise RuntimeError("rank 1 died")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    # an empty folder is replaced; a failure leaves it as it was
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(KeyboardInterrupt), staged_folder(tmp_path / "empty") as stage:
+        raise KeyboardInterrupt
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+    with staged_folder(tmp_path / "empty") as stage:
+        (stage / "w").write_text("1")
+    assert (tmp_path / "empty" / "w").read_text() == "1"
+
+
+def test_a_failed_conversion_leaves_nothing_at_out(tmp_path, monkeypatch, capsys):
+    """`seed convert` writes in worker processes: when one dies, what they wrote goes."""
+    from megatron_seed import cli
+    from megatron_seed.models import parallel
+    from megatron_seed.models.tiny import make_tiny_qwen
+
+    model = make_tiny_qwen(tmp_path / "model")
+
+    def dies_half_way(fn, world, direction, src, out, *layout):
+        (Path(out) / "model").mkdir()
+        (Path(out) / "model" / "__0_0.distcp").write_bytes(b"half")
+        raise RuntimeError("distributed run failed: rank 0: killed")
+
+    monkeypatch.setattr(parallel, "spawn", dies_half_way)
+    monkeypatch.setenv("SEED_ERROR_DIR", str(tmp_path / "errors"))
+    argv = ["convert", "hf-to-megatron", "--hf", str(model), "--out", str(tmp_path / "o/meg")]
+    assert cli.main(argv) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors", "model"]
+    # a folder holding something is refused before any work: two checkpoints would mix
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "config.json").write_text("{}")
+    argv[-1] = str(tmp_path / "full")
+    assert cli.main(argv) == 2 and "is not empty" in capsys.readouterr().err
