@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from megatron_seed.errors import CommandError, output_dir, positive
+from megatron_seed.files import staged_folder
 from megatron_seed.models.shapes import SHAPES, ModelShape
 
 _SIZES = (
@@ -67,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     layers = shape.layers if args.layers is None else args.layers
-    path = write_checkpoint(shape, out, args.seed, layers, args.dtype, log=print)
+    with staged_folder(out) as stage:  # whole, or nothing at --out
+        write_checkpoint(shape, stage, args.seed, layers, args.dtype, log=print)
     experts = f", {shape.experts} experts (top-{shape.top_k})" if shape.experts else ""
     print(
-        f"wrote {path}: {shape.hf_id} shape ({shape.model_type}), {layers} of {shape.layers} "
+        f"wrote {out}: {shape.hf_id} shape ({shape.model_type}), {layers} of {shape.layers} "
         f"layers{experts}, {args.dtype}, seed {args.seed}"
     )
     return 0
