@@ -280,7 +280,7 @@ def test_colocated_update_order(ray_gpus, model_dir, tmp_path, tiny_tokenizer):
         spec = QwenSpec.from_hf_config(TINY_QWEN2)
         state = type("S", (), {"data_position": 0, "step": 0})()
 
-        def train_step(self, pb):
+        def train_step(self, pb, replay=None):
             stage2_record("trainer:train")
             return {"loss/total": 0.0}
 
