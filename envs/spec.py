@@ -3,9 +3,11 @@
 ``get_env(name)`` takes a registered name (``alfworld``), ``package.module:ATTR`` naming an
 `envs.api.EnvSpec` (or a function returning one) in any importable module, or
 ``path/to/file.py:ATTR`` in a Python file: how a new environment plugs in without editing this
-file. A module that fails to import fails here, in one line naming its file and line. A spec is checked when it is loaded
-(`EnvSpec.check`): a malformed one fails there, in one line. Specs cross process boundaries
-by name: env workers and trainer processes look the name up again.
+file. A module that fails to import fails here, in one line naming its file and line. A spec
+is checked when it is loaded (`EnvSpec.check`): a malformed one fails there, in one line.
+Specs cross process boundaries by name: env workers and trainer processes look the name up
+again (a file's path is made absolute in the config, `EnvConfig`, so that it means the same
+file from any working folder).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ _BUILTIN: dict[str, str] = {
     "webshop": "envs.webshop:spec",
 }
 ENV_HELP = f"environment: {', '.join(sorted(_BUILTIN))}, or module:ATTR or FILE.py:ATTR of a spec"
+_FORMS = "module:ATTR or FILE.py:ATTR"
 _LOADED: dict[str, EnvSpec] = {}  # this process's specs, by the name they were asked for
 
 
@@ -46,7 +49,7 @@ def get_env(name: str) -> EnvSpec:
     target = _BUILTIN.get(name, name)
     if ":" not in target:
         raise EnvSpecError(
-            f"unknown environment {name!r}; choose from {sorted(_BUILTIN)} or module:ATTR"
+            f"unknown environment {name!r}; choose from {sorted(_BUILTIN)} or {_FORMS}"
         )
     module_name, attr = target.rsplit(":", 1)
     try:
@@ -54,7 +57,7 @@ def get_env(name: str) -> EnvSpec:
     except EnvSpecError:
         raise
     except Exception as err:  # the module's own code failed: SyntaxError, NameError, ...
-        where = _origin(err, module_name)
+        where = _origin(err, _source(module_name))
         raise EnvSpecError(f"cannot load environment {name!r}: {where}{_reason(err)}") from None
     if not hasattr(module, attr):
         raise EnvSpecError(f"cannot load environment {name!r}: {module.__file__} has no {attr}")
@@ -62,7 +65,8 @@ def get_env(name: str) -> EnvSpec:
     try:
         spec = obj() if callable(obj) and not isinstance(obj, EnvSpec) else obj
     except Exception as err:
-        raise EnvSpecError(f"{target}() failed: {_reason(err)}") from None
+        where = _origin(err, module.__file__ or module_name)
+        raise EnvSpecError(f"{target}() failed: {where}{_reason(err)}") from None
     if not isinstance(spec, EnvSpec):
         raise EnvSpecError(f"{target} is not an EnvSpec (got {type(spec).__name__})")
     if spec.name != name:  # found by import path: remember it under that path too
@@ -71,6 +75,8 @@ def get_env(name: str) -> EnvSpec:
         spec.check()
     except TypeError as err:
         raise EnvSpecError(str(err)) from None
+    except Exception as err:  # a plug-in's own code failed while it was checked
+        raise EnvSpecError(f"{target}: {_reason(err)}") from None
     _LOADED[name] = spec
     return spec
 
@@ -82,7 +88,7 @@ def _import(module_name: str) -> ModuleType:
         try:
             return importlib.import_module(module_name)
         except ModuleNotFoundError as err:
-            if err.name and module_name.startswith(err.name):  # the module itself, not an import
+            if err.name == module_name or module_name.startswith(f"{err.name}."):  # itself
                 raise EnvSpecError(f"no module named {module_name!r}") from None
             raise
     path = Path(module_name).resolve()
@@ -102,15 +108,26 @@ def _import(module_name: str) -> ModuleType:
     return module
 
 
-def _origin(err: BaseException, module_name: str) -> str:
-    """Where an import failed: the file and line (a syntax error's, else the innermost frame
-    of the failing module's own code), as ``FILE:LINE: ``."""
-    if isinstance(err, SyntaxError) and err.filename:
+def _source(module_name: str) -> str:
+    """The file of a module named by import path or file path (the name itself if unknown)."""
+    if module_name.endswith(".py"):
+        return str(Path(module_name).resolve())
+    try:
+        found = importlib.util.find_spec(module_name)
+    except Exception:  # a parent package that fails to import
+        return module_name
+    return (found.origin if found else None) or module_name
+
+
+def _origin(err: BaseException, source: str) -> str:
+    """Where loading a spec failed, as ``FILE:LINE: ``: a syntax error's line, else the
+    innermost frame of code outside this registry and importlib; ``source`` (the module's
+    file) when the error has no frame of its own (a file holding NUL bytes)."""
+    if isinstance(err, SyntaxError) and err.filename and err.lineno:
         return f"{err.filename}:{err.lineno}: "
     frames = traceback.extract_tb(err.__traceback__)
-    own = [f for f in frames if "importlib" not in f.filename]
-    frame = own[-1] if own else (frames[-1] if frames else None)
-    return f"{frame.filename}:{frame.lineno}: " if frame else f"{module_name}: "
+    own = [f for f in frames if "importlib" not in f.filename and f.filename != __file__]
+    return f"{own[-1].filename}:{own[-1].lineno}: " if own else f"{source}: "
 
 
 def _reason(err: BaseException) -> str:

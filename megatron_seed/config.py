@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,6 +340,14 @@ class EnvConfig(_Checked):
     workers: int = _range(2, 1)
     step_timeout_s: float = _range(60.0, 0.0, open_lo=True)
     reset_timeout_s: float = _range(300.0, 0.0, open_lo=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        path, sep, attr = self.name.rpartition(":")
+        if sep and path.endswith(".py") and not os.path.isabs(path):
+            # FILE.py:ATTR: the same file for every process that looks the name up, whatever
+            # its working folder (env workers, trainer ranks, a resumed run)
+            object.__setattr__(self, "name", f"{os.path.abspath(path)}:{attr}")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ PY
 fi
 echo "[fetch] $gguf (sha256 $gguf_sha256)"
 if [[ ! -f "$hf/config.json" ]]; then
+  rm -rf "$hf"  # an import cut short by an older version (imports are now whole or absent)
   python -m megatron_seed.cli convert gguf-to-hf --gguf "$gguf" --out "$hf"
 fi
 echo "[fetch] $hf"

@@ -306,6 +306,7 @@ def run_stage2_job(
     (every, episodes): evaluate on the training games every that many updates, that many
     sampled episodes per game, with the final evaluation's draws."""
     from megatron_seed.models.parallel import spawn
+    from megatron_seed.pipeline.job import check_resume
     from megatron_seed.pipeline.stage2 import Stage2Job, check_job, run_stage2
     from megatron_seed.skills.library import game_skills
 
@@ -327,6 +328,7 @@ def run_stage2_job(
             eval_seed=EVAL_SEED,
         )
         check_job(job)
+        check_resume(job)
         spawn(run_stage2, 1, job)
         _mark(out, "stage2")
     return out / "stage2" / "final_hf"

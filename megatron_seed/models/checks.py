@@ -109,6 +109,7 @@ def check_dist_checkpoint(folder: Path, shapes: dict[str, tuple[int, ...]] | Non
     naming the file. Reads the index and common.pt, not the tensors."""
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata
 
     if not folder.is_dir():
         raise CommandError(f"{folder} is not a directory (a Megatron dist-checkpoint expected)")
@@ -126,6 +127,8 @@ def check_dist_checkpoint(folder: Path, shapes: dict[str, tuple[int, ...]] | Non
         metadata = FileSystemReader(str(folder)).read_metadata()
     except Exception as err:  # a pickle cut short or of something else: EOFError, ...
         raise CommandError(f"{index}: unreadable ({type(err).__name__}: {err})"[:200]) from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise CommandError(f"{index}: not a torch.distributed.checkpoint index")
     ends: dict[str, int] = {}
     for info in metadata.storage_data.values():
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)

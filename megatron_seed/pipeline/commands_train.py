@@ -213,6 +213,7 @@ def build_job(args: argparse.Namespace):
         raise CommandError(str(err)) from None
     if not games:
         raise CommandError(f"no games under {args.games} (no {env.name} tasks found)")
+    from megatron_seed.pipeline.job import check_resume
     from megatron_seed.pipeline.stage2 import check_job
     from megatron_seed.skills.library import game_skills
 
@@ -230,6 +231,7 @@ def build_job(args: argparse.Namespace):
             replay_data=args.replay_data,
         )
         check_job(job)
+        check_resume(job)
     except ValueError as err:
         raise CommandError(str(err)) from None
     return job

@@ -41,8 +41,7 @@ class Stage2Job:
 
 def check_job(job: Stage2Job) -> None:
     """Fail loud before any compute: a method's fixed skills must cover every training game,
-    analyzer replay needs its Stage-1 examples, the experts' options need experts, and the
-    checkpoint a rerun resumes from is whole (`check_checkpoint`)."""
+    analyzer replay needs its Stage-1 examples, and the experts' options need experts."""
     skill = job.cfg.skill
     fixed = job.cfg.algo.use_opd and skill.teacher_source != "analyzer"
     if fixed or skill.rollout_skill:
@@ -64,14 +63,19 @@ def check_job(job: Stage2Job) -> None:
         if not QwenSpec.from_pretrained(job.model_dir).is_moe:
             what = "algo.routing_replay" if algo.routing_replay else "algo.moe_aux_loss"
             raise ValueError(f"{what} is for mixture-of-experts models: {job.model_dir} has none")
+
+
+def check_resume(job: Stage2Job) -> None:
+    """The checkpoint a rerun of the job resumes from (OUT/checkpoints/latest), if any, is
+    whole and holds this job's model at its layout (`train.checkpoint.check_checkpoint`);
+    `CommandError` or `ValueError` otherwise. Called once per process by the commands that
+    start Stage 2, before any rank loads it."""
+    from megatron_seed.models.qwen import QwenSpec
     from megatron_seed.train.checkpoint import check_checkpoint, latest_checkpoint
 
     resumed = latest_checkpoint(Path(job.out_dir) / "checkpoints")
-    if resumed is not None:  # a rerun resumes from it: whole, and of this model and layout
-        from megatron_seed.models.qwen import QwenSpec
-
-        par = job.cfg.parallel
-        if check_checkpoint(resumed, par.tp, par.pp, par.ep) != QwenSpec.from_pretrained(
-            job.model_dir
-        ):
-            raise ValueError(f"{resumed} is a checkpoint of another model than {job.model_dir}")
+    if resumed is None:
+        return
+    par = job.cfg.parallel
+    if check_checkpoint(resumed, par.tp, par.pp, par.ep) != QwenSpec.from_pretrained(job.model_dir):
+        raise ValueError(f"{resumed} is a checkpoint of another model than {job.model_dir}")

@@ -26,6 +26,7 @@ from megatron_seed.pipeline.metrics import MetricsLog, PhaseTimer, rollout_metri
 from megatron_seed.progress import LiveBar
 
 if TYPE_CHECKING:
+    from megatron_seed.config import SeedConfig
     from megatron_seed.pipeline.job import Stage2Job
     from megatron_seed.train.batch import PolicyBatch
     from megatron_seed.train.trainer import TrainerState
@@ -164,8 +165,8 @@ class Leader(Follower):
         (Path(job.out_dir) / PREEMPTED).unlink(missing_ok=True)  # this run resumes it
 
     @property
-    def cfg(self) -> Any:
-        """The run's `SeedConfig`."""
+    def cfg(self) -> SeedConfig:
+        """The run's config."""
         return self.job.cfg
 
     @classmethod

@@ -126,7 +126,7 @@ from envs.sokoban import spec as SPEC
 def _resume(bad: Path, g: dict[str, Path]) -> str:
     """`seed train` rerun on a job folder whose latest checkpoint is ``bad``."""
     (bad.parent / "latest").write_text(bad.name + "\n")
-    return _train({**g, "model": g["model"]}, bad.parent.parent)
+    return _train(g, bad.parent.parent)
 
 
 # each reader as a command line (paths here hold no spaces), split into argv by `_argv`

@@ -90,3 +90,20 @@ def test_a_spec_loads_from_a_file_and_a_broken_module_is_named(tmp_path, monkeyp
         get_env("toy_spec:nothing")
     with pytest.raises(EnvSpecError, match=r"no module named 'toy_absent'"):
         get_env("toy_absent:spec")
+    # a module whose own import is missing is named with that import's line, not as absent
+    (tmp_path / "toy_imports.py").write_text("import toy_absent_dependency\n")
+    with pytest.raises(EnvSpecError, match=r"toy_imports.py:1: ModuleNotFoundError"):
+        get_env("toy_imports:spec")
+    # a file of NUL bytes (no line of its own to blame): the file itself is named
+    (tmp_path / "toy_binary.py").write_bytes(b"PAR1\x00\x15\x04")
+    with pytest.raises(EnvSpecError, match=rf"{tmp_path / 'toy_binary.py'}: SyntaxError"):
+        get_env(f"{tmp_path / 'toy_binary.py'}:spec")
+
+
+def test_a_relative_spec_file_means_the_same_file_from_any_folder(tmp_path, monkeypatch) -> None:
+    from megatron_seed.config import SeedConfig
+
+    monkeypatch.chdir(tmp_path)
+    cfg = SeedConfig().with_changes({"env": {"name": "envs/toy.py:spec"}})
+    assert cfg.env.name == f"{tmp_path / 'envs' / 'toy.py'}:spec"
+    assert SeedConfig().with_changes({"env": {"name": "toy_spec:good"}}).env.name == "toy_spec:good"

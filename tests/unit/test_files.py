@@ -74,9 +74,17 @@ def test_a_staged_folder_appears_whole_or_not_at_all(tmp_path):
     with pytest.raises(KeyboardInterrupt), staged_folder(tmp_path / "empty") as stage:
         raise KeyboardInterrupt
     assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+    (tmp_path / "empty").chmod(0o750)
     with staged_folder(tmp_path / "empty") as stage:
         (stage / "w").write_text("1")
     assert (tmp_path / "empty" / "w").read_text() == "1"
+    assert (tmp_path / "empty").stat().st_mode & 0o777 == 0o750  # the folder's own mode kept
+    # a link to an empty folder: the output lands in its target, the link stays
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with staged_folder(tmp_path / "link") as stage:
+        (stage / "config.json").write_text("{}")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "target" / "config.json").is_file()
 
 
 def test_a_failed_conversion_leaves_nothing_at_out(tmp_path, monkeypatch, capsys):
