@@ -19,6 +19,7 @@ import torch
 
 from megatron_seed import cli
 from tests.corruption import (
+    PARQUET_BYTES,
     Writer,
     file_variants,
     folder_variants,
@@ -129,6 +130,20 @@ def _resume(bad: Path, g: dict[str, Path]) -> str:
     return _train(g, bad.parent.parent)
 
 
+def _task_readers(env: str) -> dict[str, Callable[[Path, dict[str, Path], Path], str]]:
+    """The commands that read an environment's task folder (its splits and shared files):
+    played, trained on, compared on."""
+    return {
+        "eval": lambda bad, g, out: f"eval --env {env} --games {bad} --policy expert --out {out}",
+        "train": lambda bad, g, out: (
+            f"train --env {env} --model {g['model']} --games {bad} --out {out}"
+        ),
+        "compare": lambda bad, g, out: (
+            f"compare --env {env} --model {g['model']} --games {bad} --out {out}"
+        ),
+    }
+
+
 # each reader as a command line (paths here hold no spaces), split into argv by `_argv`
 READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
     # a checkpoint's weights and config (a tokenizer, where there is one, is checked too)
@@ -188,15 +203,9 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
         "compare": lambda bad, g, out: f"compare --model {g['model']} --games {bad} --out {out}",
     },
     # a search-QA folder: questions per split, the corpus, its retriever's settings
-    "search tasks": {
-        "eval": lambda bad, g, out: f"eval --env search --games {bad} --policy expert --out {out}",
-    },
-    "sokoban rooms": {
-        "eval": lambda bad, g, out: f"eval --env sokoban --games {bad} --policy expert --out {out}",
-    },
-    "webshop tasks": {
-        "eval": lambda bad, g, out: f"eval --env webshop --games {bad} --policy expert --out {out}",
-    },
+    "search tasks": _task_readers("search"),
+    "sokoban rooms": _task_readers("sokoban"),
+    "webshop tasks": _task_readers("webshop"),
     "comparison": {"compare": lambda bad, g, out: f"compare --merge {bad.parent} --out {out}"},
     "cluster profile": {
         "launch": lambda bad, g, out: (
@@ -254,7 +263,8 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
         return list(folder_variants(g["few games"], optional=optional))
     if kind == "search tasks":
         # the corpus's generator settings: read when `seed games` adds a split, not by a player
-        return list(folder_variants(g["search"], unread=("corpus.meta.json",)))
+        corpus = ("corpus.jsonl holds a parquet file", _replaced(g["search"], "corpus.jsonl"))
+        return [*folder_variants(g["search"], unread=("corpus.meta.json",)), corpus]
     if kind == "sokoban rooms":
         return list(folder_variants(g["sokoban"]))
     if kind == "webshop tasks":
@@ -265,6 +275,16 @@ def _variants(kind: str, g: dict[str, Path]) -> list[tuple[str, Writer]]:
                 ("a run that is no object", writes(json.dumps(nested)))]  # fmt: skip
     assert kind == "cluster profile"
     return list(json_variants(g["cluster"].read_text()))
+
+
+def _replaced(good: Path, member: str) -> Writer:
+    """The folder ``good`` with ``member`` replaced by a parquet file (a sibling format)."""
+
+    def write(path: Path) -> None:
+        shutil.copytree(good, path)
+        (path / member).write_bytes(PARQUET_BYTES)
+
+    return write
 
 
 def _refused(capsys, argv: list[str], bad: Path, out: Path) -> str | None:
