@@ -173,6 +173,12 @@ READERS: dict[str, dict[str, Callable[[Path, dict[str, Path], Path], str]]] = {
             f"eval --env {bad}:SPEC --games {g['sokoban']} --policy expert --out {out}"
         ),
         "games": lambda bad, g, out: f"games --env {bad}:SPEC --split train --n 1 --out {out}",
+        "train": lambda bad, g, out: (
+            f"train --env {bad}:SPEC --model {g['model']} --games {g['sokoban']} --out {out}"
+        ),
+        "compare": lambda bad, g, out: (
+            f"compare --env {bad}:SPEC --model {g['model']} --games {g['sokoban']} --out {out}"
+        ),
     },
     "config json": {
         "train": lambda bad, g, out: f"{_train(g, out)} --config-json {bad}",
