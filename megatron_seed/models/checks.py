@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -75,19 +76,40 @@ def validate_megatron_dir(path: str | Path, tp: int = 1, pp: int = 1, ep: int = 
         raise CommandError(str(err)) from None
     if (hf / "tokenizer.json").is_file():
         checked_tokenizer(hf, spec)
-    attention = spec.num_heads * spec.head_dim
-    check_dist_checkpoint(
-        p / "model",
-        {  # global shapes, whatever layout wrote it: this architecture's checkpoint or not
-            "embedding.word_embeddings.weight": (spec.vocab_size, spec.hidden_size),
-            "decoder.layers.self_attention.linear_proj.weight": (
-                spec.num_layers,
-                spec.hidden_size,
-                attention,
-            ),
-        },
-    )
+    # global shapes, whatever layout wrote it: a checkpoint of this architecture or not
+    shapes = check_dist_checkpoint(p / "model")
+    proj = (spec.hidden_size, spec.num_heads * spec.head_dim)
+    found = {
+        "embedding.word_embeddings.weight": shapes.get("embedding.word_embeddings.weight"),
+        "layers x attention output projection": _per_layer(shapes, "self_attention.linear_proj"),
+    }
+    need = {
+        "embedding.word_embeddings.weight": (spec.vocab_size, spec.hidden_size),
+        "layers x attention output projection": (spec.num_layers, *proj),
+    }
+    for what, shape in need.items():
+        if found[what] != shape:
+            got = list(found[what]) if found[what] else "absent"
+            raise CommandError(
+                f"{p / 'model'}: {what} is {got}, {hf / 'config.json'} needs {list(shape)}: "
+                "a checkpoint of another model"
+            )
     return spec
+
+
+def _per_layer(shapes: dict[str, tuple[int, ...]], name: str) -> tuple[int, ...] | None:
+    """(layers, *shape) of the decoder's per-layer tensor ``name``.weight, stored either
+    stacked over the layers (``decoder.layers.NAME.weight``, Megatron's layer spec for dense
+    models) or once per layer (``decoder.layers.I.NAME.weight``); None when absent or when
+    the layers disagree."""
+    stacked = shapes.get(f"decoder.layers.{name}.weight")
+    if stacked is not None:
+        return stacked
+    pattern = re.compile(rf"decoder\.layers\.(\d+)\.{re.escape(name)}\.weight")
+    per = {int(m.group(1)): shape for key, shape in shapes.items() if (m := pattern.fullmatch(key))}
+    if not per or sorted(per) != list(range(len(per))) or len(set(per.values())) != 1:
+        return None
+    return (len(per), *next(iter(per.values())))
 
 
 class _DistCheckpointConfig(pydantic.BaseModel):
@@ -101,12 +123,12 @@ class _DistCheckpointConfig(pydantic.BaseModel):
     common_backend_version: int
 
 
-def check_dist_checkpoint(folder: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+def check_dist_checkpoint(folder: Path) -> dict[str, tuple[int, ...]]:
     """A Megatron dist-checkpoint folder whole before anything loads it: metadata.json of the
     torch_dist format, the index (``.metadata``, torch.distributed.checkpoint's) readable,
     every byte range it names inside its file, ``common.pt`` loadable (megatron-core's own
-    reader), and the tensors in ``shapes`` present with those global shapes. `CommandError`
-    naming the file. Reads the index and common.pt, not the tensors."""
+    reader). Returns every tensor's global shape, by name; `CommandError` naming the file.
+    Reads the index and common.pt, not the tensors."""
     from megatron.core.dist_checkpointing.serialization import load_common_state_dict
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import Metadata
@@ -147,14 +169,11 @@ def check_dist_checkpoint(folder: Path, shapes: dict[str, tuple[int, ...]] | Non
         load_common_state_dict(str(folder))
     except Exception as err:  # torch.load of a file cut short or of another kind
         raise CommandError(f"{common}: unreadable ({type(err).__name__})") from None
-    for key, shape in (shapes or {}).items():
-        meta = metadata.state_dict_metadata.get(key)
-        found = tuple(getattr(meta, "size", ()) or ())
-        if found != shape:
-            raise CommandError(
-                f"{folder}: {key} is {list(found) or 'absent'}, the config's model needs "
-                f"{list(shape)}: a checkpoint of another model"
-            )
+    return {
+        key: tuple(meta.size)
+        for key, meta in metadata.state_dict_metadata.items()
+        if getattr(meta, "size", None) is not None
+    }
 
 
 def first_error(err: pydantic.ValidationError) -> str:

@@ -378,3 +378,19 @@ def good_suffix(kind: str, g: dict[str, Path]) -> str:
     source = {"config json": "config", "records": "records", "cluster profile": "cluster",
               "gguf file": "gguf", "env spec": "env spec"}  # fmt: skip
     return g[source[kind]].suffix if kind in source else ""
+
+
+def test_a_checkpoint_of_another_model_is_refused(good, tmp_path, capsys):
+    """A dist-checkpoint whose `hf/config.json` describes another model (two layers more, or
+    another width): its tensors' global shapes say so before any process starts."""
+    for change in ({"num_hidden_layers": 4}, {"hidden_size": 96}):
+        meg = tmp_path / f"meg-{next(iter(change))}"
+        shutil.copytree(good["megatron"], meg)
+        config = json.loads((meg / "hf" / "config.json").read_text()) | change
+        config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+        (meg / "hf" / "config.json").write_text(json.dumps(config))
+        argv = ["convert", "megatron-to-hf", "--megatron", str(meg), "--out", str(tmp_path / "o")]
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "a checkpoint of another model" in err and str(meg / "model") in err, err
+        assert not (tmp_path / "o").exists()
