@@ -218,7 +218,7 @@ def check_checkpoint(path: str | Path, tp: int = 1, pp: int = 1, ep: int = 1) ->
         if not rng.is_file():
             raise CommandError(f"{rng} is missing (the checkpoint was written by {ranks} ranks)")
         # torch.save writes a zip: its directory, at the end, shows a file cut short or
-        # another kind of file without unpickling it (every rank runs this check)
+        # another kind of file without unpickling it
         if not zipfile.is_zipfile(rng):
             raise CommandError(f"{rng}: not a file torch.save wrote (cut short?)")
     return spec
