@@ -56,10 +56,10 @@ def write_json(path: str | Path, data: Any, indent: int | None = 2, **dumps: Any
 def staged_folder(out: str | Path) -> Iterator[Path]:
     """A folder output that appears whole or not at all: the work writes into a hidden
     sibling (``.NAME.partial-XXXX``, with the mode of the empty folder it replaces or of a
-    plain `mkdir`) that is renamed to
-    ``out`` when the block ends and removed, with any parent folder made for it, when the
-    block raises (an error, or the `KeyboardInterrupt`/`SystemExit` of a stop). ``out`` must
-    not exist or be an empty folder (`errors.new_output_dir` checks it before the work)."""
+    plain `mkdir`) that is renamed to ``out`` when the block ends and removed, with any
+    parent folder made for it, when the block raises (an error, or the `KeyboardInterrupt`/
+    `SystemExit` of a stop). ``out`` must not exist or be an empty folder
+    (`errors.new_output_dir` checks it before the work)."""
     out = Path(out).resolve()  # a link to a folder: the stage goes beside its target
     made = next((p for p in reversed(out.parents) if not p.exists()), None)
     out.parent.mkdir(parents=True, exist_ok=True)
